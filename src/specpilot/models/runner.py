@@ -1,0 +1,49 @@
+"""The interface the engine needs from a model: append tokens to a KV cache, score them, roll back.
+
+A runner owns one sequence's KV cache. `forward` appends n tokens after the cached ones and
+returns logits for the rows asked for; `rollback(length)` forgets everything past `length`
+(static caches just lower the length; garbage past it is never read). The engine keeps the
+invariant: after a step, the target cache holds exactly len(sequence) − 1 positions (the last
+committed token is fed at the next step).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+import torch
+
+LogitRows = Literal["all", "last", "none"]
+
+
+@dataclass
+class RunnerOutput:
+    logits: torch.Tensor | None
+    """[rows, vocab] float32 logits for the rows asked for, or None."""
+    hidden: torch.Tensor
+    """[n, hidden] output of the last layer run (before the final norm)."""
+    taps: dict[int, torch.Tensor] = field(default_factory=dict)
+    """Layer index k → [n, hidden] hidden state after the first k decoder layers."""
+
+
+class CausalRunner(Protocol):
+    """What every model backend offers the engine."""
+
+    vocab_size: int
+    max_length: int
+    dtype: torch.dtype
+    device: torch.device
+
+    @property
+    def length(self) -> int:
+        """Number of positions held in the cache."""
+
+    def forward(self, input_ids: list[int], logits: LogitRows = "all") -> torch.Tensor | None:
+        """Append input_ids to the cache; return [rows, vocab] float32 logits."""
+
+    def rollback(self, length: int) -> None:
+        """Forget cached positions >= length."""
+
+    def reset(self) -> None:
+        """Empty the cache."""

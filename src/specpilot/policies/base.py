@@ -1,0 +1,48 @@
+"""Plug points for adaptive methods: how far to draft, and how much of a draft to verify.
+
+A `DraftPolicy` sees each drafted token as it is drafted and may stop drafting after it; it never
+removes a token it has already let through (that would change the proposal distribution and
+break losslessness, DESIGN.md §1). A `VerifyPolicy` may truncate a finished chain to a prefix
+before verification, which is safe. Both observe each step's outcome.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from specpilot.types import Proposal, StepRecord
+
+
+@dataclass(frozen=True)
+class DraftToken:
+    """A token just drafted, with the draft logits it was chosen from (None for model-free drafters)."""
+
+    index: int
+    token: int
+    logits: torch.Tensor | None  # [vocab]
+
+
+class DraftPolicy(Protocol):
+    def reset(self) -> None:
+        """Called at the start of each request."""
+
+    def draft_budget(self) -> int:
+        """Most tokens to draft in the coming step."""
+
+    def continue_drafting(self, drafted: DraftToken) -> bool:
+        """Whether to draft another token after `drafted` (the budget still caps it)."""
+
+    def observe(self, record: StepRecord) -> None:
+        """Learn from the verified step."""
+
+
+class VerifyPolicy(Protocol):
+    def reset(self) -> None: ...
+
+    def select(self, proposal: Proposal) -> int:
+        """How many leading drafted tokens the target verifies (0..proposal.k)."""
+
+    def observe(self, record: StepRecord) -> None: ...

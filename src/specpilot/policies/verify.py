@@ -1,0 +1,16 @@
+"""The default verify policy: the target checks every drafted token."""
+
+from __future__ import annotations
+
+from specpilot.types import Proposal, StepRecord
+
+
+class VerifyAll:
+    def reset(self) -> None:
+        pass
+
+    def select(self, proposal: Proposal) -> int:
+        return proposal.k
+
+    def observe(self, record: StepRecord) -> None:
+        pass

@@ -1,0 +1,87 @@
+"""Monte-Carlo check of sampled speculative decoding on the real engine path (DESIGN.md §5 kind 3).
+
+The joint distribution of the first two generated tokens, over many seeds, must match the
+target's exact distribution (computed from its logits) by a chi-square test — for a model
+drafter (stochastic proposals) and the n-gram drafter (deterministic proposals), with plain
+temperature and with top-k/top-p. A deliberately broken verifier (accept every draft token)
+run through the same test must be rejected, so the test can fail.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from scipy.stats import chisquare
+from tiny import TinyTokenizer, perturbed, tiny_model
+
+import specpilot.engine.speculative as speculative
+from specpilot.config import GenerationConfig, SamplingConfig
+from specpilot.drafting import ModelDrafter, NgramDrafter
+from specpilot.engine import SpeculativeEngine
+from specpilot.models.decoder import DecoderRunner
+from specpilot.policies import ConstantPolicy
+from specpilot.sampling import logits_to_probs, sample
+from specpilot.types import VerifyResult
+
+VOCAB = 8
+PROMPT = [1, 3, 4, 5, 3, 4]  # repeats, so the n-gram drafter proposes something
+TRIALS = 2500
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_model("llama", vocab_size=VOCAB, seed=3)
+
+
+def exact_two_token_distribution(model, sampling: SamplingConfig) -> torch.Tensor:
+    """[VOCAB * VOCAB] probabilities of (first, second) generated token under the target alone."""
+    with torch.no_grad():
+        first = logits_to_probs(model(torch.tensor([PROMPT])).logits[0, -1].double(), sampling)
+        joint = torch.zeros(VOCAB, VOCAB, dtype=torch.float64)
+        for t1 in range(VOCAB):
+            logits = model(torch.tensor([PROMPT + [t1]])).logits[0, -1].double()
+            joint[t1] = first[t1] * logits_to_probs(logits, sampling)
+    return joint.flatten()
+
+
+def chi_square_pvalue(engine: SpeculativeEngine, expected: torch.Tensor, sampling) -> float:
+    counts = torch.zeros(VOCAB * VOCAB)
+    for seed in range(TRIALS):
+        tokens = engine.generate(PROMPT, GenerationConfig(max_new_tokens=2, sampling=sampling, seed=seed)).token_ids
+        counts[tokens[0] * VOCAB + tokens[1]] += 1
+    expected_counts = expected * TRIALS
+    keep = expected_counts >= 5  # pool rare cells so the chi-square approximation holds
+    observed = torch.cat([counts[keep], counts[~keep].sum().reshape(1)])
+    wanted = torch.cat([expected_counts[keep], expected_counts[~keep].sum().reshape(1)])
+    if wanted[-1] == 0:
+        observed, wanted = observed[:-1], wanted[:-1]
+    return float(chisquare(observed.numpy(), wanted.numpy() * observed.sum().item() / wanted.sum().item()).pvalue)
+
+
+def make_engine(target, drafter_kind: str) -> SpeculativeEngine:
+    drafter = (ModelDrafter(DecoderRunner(perturbed(target, 1.0))) if drafter_kind == "model"
+               else NgramDrafter())
+    return SpeculativeEngine(DecoderRunner(target), TinyTokenizer(), drafter, ConstantPolicy(2), eos_ids=set())
+
+
+SAMPLINGS = [SamplingConfig(temperature=1.0), SamplingConfig(temperature=0.8, top_k=5, top_p=0.9)]
+
+
+@pytest.mark.parametrize("sampling", SAMPLINGS, ids=["t1", "t0.8-topk-topp"])
+@pytest.mark.parametrize("drafter_kind", ["model", "ngram"])
+def test_sampled_output_follows_target(target, drafter_kind, sampling):
+    expected = exact_two_token_distribution(target, sampling)
+    assert chi_square_pvalue(make_engine(target, drafter_kind), expected, sampling) > 1e-3
+
+
+def accept_everything(draft_tokens, draft_probs, target_logits, sampling, generator):
+    """Broken on purpose: skips the acceptance test, so the output follows the draft."""
+    probs = logits_to_probs(target_logits, sampling)
+    return VerifyResult(len(draft_tokens), sample(probs[len(draft_tokens)], generator))
+
+
+def test_broken_verifier_is_detected(target, monkeypatch):
+    sampling = SAMPLINGS[0]
+    expected = exact_two_token_distribution(target, sampling)
+    monkeypatch.setattr(speculative, "verify", accept_everything)
+    assert chi_square_pvalue(make_engine(target, "model"), expected, sampling) < 1e-6

@@ -1,0 +1,47 @@
+"""Tiny random models and tokenizers built in the test process (no downloads)."""
+
+from __future__ import annotations
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+
+def tiny_model(kind: str = "qwen2", vocab_size: int = 96, seed: int = 0, dtype=torch.float32,
+               num_layers: int = 4, tie: bool = False):
+    """A randomly initialised 4-layer Llama or Qwen2 model (GQA, with q/k/v bias for Qwen2)."""
+    torch.manual_seed(seed)
+    common = dict(
+        vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=num_layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        tie_word_embeddings=tie, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+    )
+    if kind == "qwen2":
+        model = Qwen2ForCausalLM(Qwen2Config(**common, rope_theta=10000.0))
+    else:
+        model = LlamaForCausalLM(LlamaConfig(**common, rope_theta=500000.0))
+    # Larger-than-init weights make logits spread out, so argmax ties are unlikely.
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(3.0)
+    return model.to(dtype).eval()
+
+
+class TinyTokenizer:
+    """Just enough tokenizer for the engine: ids print as 't<id>' words; 2 is EOS."""
+
+    eos_token_id = 2
+
+    def decode(self, ids, skip_special_tokens: bool = False) -> str:
+        return "".join(f" t{i}" for i in ids if not (skip_special_tokens and i == 2))
+
+
+def perturbed(model, scale: float, seed: int = 123):
+    """A copy of `model` with Gaussian noise on every weight: a draft that agrees often, not always."""
+    import copy
+
+    draft = copy.deepcopy(model)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.add_(torch.randn(p.shape, generator=generator, dtype=p.dtype) * scale * p.std())
+    return draft

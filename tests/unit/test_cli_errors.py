@@ -1,0 +1,93 @@
+"""Bad input gets a clear error and a non-zero exit, before any expensive work."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from tiny import TinyTokenizer, tiny_model
+
+from specpilot.cli import main
+from specpilot.config import GenerationConfig, SamplingConfig
+from specpilot.engine import SpeculativeEngine
+from specpilot.errors import ConfigError, PromptError
+from specpilot.models.decoder import DecoderRunner
+from specpilot.prompts import read_prompts_file
+from specpilot.registry import make_draft_policy, make_drafter
+
+
+def run_cli(capsys, *argv):
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.err
+
+
+def test_unknown_model_exits_nonzero(capsys, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    code, err = run_cli(capsys, "generate", "--target", "no-such-model-xyz", "--drafter", "none",
+                        "--prompt", "hi")
+    assert code == 2
+    assert "unknown model 'no-such-model-xyz'" in err
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--temperature", "-1"], "temperature must be >= 0"),
+        (["--top-p", "0"], "top_p must be in (0, 1]"),
+        (["--max-new-tokens", "0"], "max_new_tokens must be >= 1"),
+        (["--k", "0"], "k must be in 1..64"),
+        (["--policy", "heuristic", "--k", "3"], "--k sets the draft length of --policy constant"),
+        (["--policy-option", "nonsense"], "KEY=VALUE"),
+        (["--dtype", "int3"], "unknown dtype 'int3'"),
+    ],
+)
+def test_invalid_config_values(capsys, argv, message, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    code, err = run_cli(capsys, "generate", "--prompt", "hi", "--target", "/nonexistent/x.gguf", *argv)
+    assert code == 2
+    assert message in err
+
+
+def test_missing_prompt(capsys):
+    code, err = run_cli(capsys, "generate")
+    assert code == 2 and "--prompt" in err
+
+
+def test_prompts_file_errors(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question_id": 1, "turns": ["ok"]}\nnot json\n')
+    with pytest.raises(PromptError, match="bad.jsonl:2: not valid JSON"):
+        read_prompts_file(bad)
+    empty_turns = tmp_path / "empty.jsonl"
+    empty_turns.write_text(json.dumps({"question_id": 1, "turns": [""]}) + "\n")
+    with pytest.raises(PromptError, match="non-empty 'turns'"):
+        read_prompts_file(empty_turns)
+    with pytest.raises(PromptError, match="not found"):
+        read_prompts_file(tmp_path / "missing.jsonl")
+
+
+def test_registry_errors():
+    with pytest.raises(ConfigError, match="unknown draft policy 'magic'"):
+        make_draft_policy("magic")
+    with pytest.raises(ConfigError, match="unknown option 'q'"):
+        make_draft_policy("constant", q="1")
+    with pytest.raises(ConfigError, match="needs a draft model"):
+        make_drafter("model", None)
+    with pytest.raises(ConfigError):
+        SamplingConfig(top_k=-1)
+
+
+def test_empty_and_too_long_prompts():
+    engine = SpeculativeEngine(DecoderRunner(tiny_model(), max_length=32), TinyTokenizer())
+    with pytest.raises(PromptError, match="empty"):
+        engine.generate([])
+    with pytest.raises(PromptError, match="the prompt has 40 tokens but the context holds 32"):
+        engine.generate(list(range(3, 43)))
+
+
+def test_generation_stops_at_context_end():
+    engine = SpeculativeEngine(DecoderRunner(tiny_model(), max_length=32), TinyTokenizer(), eos_ids=set())
+    result = engine.generate(list(range(3, 23)), GenerationConfig(max_new_tokens=50))
+    assert result.finish_reason == "length"
+    assert 20 + len(result.token_ids) == 32
