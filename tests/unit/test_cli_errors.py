@@ -61,7 +61,7 @@ def test_prompts_file_errors(tmp_path):
         read_prompts_file(bad)
     empty_turns = tmp_path / "empty.jsonl"
     empty_turns.write_text(json.dumps({"question_id": 1, "turns": [""]}) + "\n")
-    with pytest.raises(PromptError, match="non-empty 'turns'"):
+    with pytest.raises(PromptError, match="no usable prompt"):
         read_prompts_file(empty_turns)
     with pytest.raises(PromptError, match="not found"):
         read_prompts_file(tmp_path / "missing.jsonl")

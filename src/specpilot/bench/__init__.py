@@ -1,0 +1,1 @@
+"""Benchmark harness: methods side by side on identical prompts, in one process."""

@@ -1,0 +1,111 @@
+"""Run methods side by side on identical prompts and aggregate what was measured.
+
+For each prompt, every method runs back to back (so slow drift of the machine hits all methods
+alike), `repeats` times. The first prompt is run once per method before measuring (warm-up,
+excluded). Throughput per (method, category) is Σ tokens / Σ seconds within one repeat, and the
+reported value is the median over repeats; speedup divides by `ar`'s median in the same category.
+Greedy identity compares each method's token ids with `ar`'s from the same run.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+from tqdm import tqdm
+
+from specpilot.bench.methods import MethodSpec, TurnRun, make_method
+from specpilot.config import GenerationConfig
+from specpilot.engine import GenerationStats
+from specpilot.prompts import PromptRecord
+
+BASELINE = "ar"
+
+
+@dataclass
+class PromptRuns:
+    record: PromptRecord
+    runs: list[list[TurnRun]] = field(default_factory=list)
+    """One entry per repeat; each a list with one TurnRun per conversation turn."""
+
+
+def run_methods(
+    specs: list[MethodSpec],
+    records: list[PromptRecord],
+    models,
+    hf_models: dict,
+    config: GenerationConfig,
+    repeats: int,
+    progress: bool = True,
+) -> dict[str, list[PromptRuns]]:
+    methods = {spec.text: make_method(spec, models, hf_models) for spec in specs}
+    for method in methods.values():  # warm-up: caches, allocator, lazy init; not measured
+        method.run(records[0].turns[:1], GenerationConfig(max_new_tokens=8, sampling=config.sampling))
+    results = {name: [PromptRuns(r) for r in records] for name in methods}
+    bar = tqdm(total=len(records) * repeats * len(methods), desc="bench", unit="run", disable=not progress)
+    for index, record in enumerate(records):
+        for _ in range(repeats):
+            for name, method in methods.items():
+                results[name][index].runs.append(method.run(record.turns, config))
+                bar.update()
+    bar.close()
+    return results
+
+
+def first_divergence(a: list[int], b: list[int]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def _stats_of(prompt_runs: list[PromptRuns]) -> GenerationStats | None:
+    parts = [turn.stats for p in prompt_runs for turn in p.runs[0] if turn.stats is not None]
+    return GenerationStats.combined(parts) if parts else None
+
+
+def summarize(results: dict[str, list[PromptRuns]], greedy: bool) -> list[dict]:
+    """Rows per (method, category) plus category 'all'."""
+    categories = sorted({p.record.category for p in next(iter(results.values()))})
+    rows = []
+    baseline_speed: dict[str, float] = {}
+    for name in [BASELINE, *[n for n in results if n != BASELINE]]:
+        for category in [*categories, "all"]:
+            subset = [p for p in results[name] if category in ("all", p.record.category)]
+            baseline = [p for p in results[BASELINE] if category in ("all", p.record.category)]
+            repeats = len(subset[0].runs)
+            speeds = []
+            for r in range(repeats):
+                tokens = sum(len(t.token_ids) for p in subset for t in p.runs[r])
+                seconds = sum(t.seconds for p in subset for t in p.runs[r])
+                speeds.append(tokens / seconds if seconds else 0.0)
+            speed = statistics.median(speeds)
+            if name == BASELINE:
+                baseline_speed[category] = speed
+            stats = _stats_of(subset)
+            mismatches, divergences = 0, []
+            for mine, base in zip(subset, baseline):
+                for turn, (a, b) in enumerate(zip(mine.runs[0], base.runs[0])):
+                    position = first_divergence(a.token_ids, b.token_ids)
+                    if position is not None:
+                        mismatches += 1
+                        divergences.append({"question_id": mine.record.question_id, "turn": turn, "position": position})
+                        break
+            rows.append({
+                "method": name,
+                "category": category,
+                "prompts": len(subset),
+                "new_tokens": sum(len(t.token_ids) for p in subset for t in p.runs[0]),
+                "tokens_per_s": speed,
+                "tokens_per_s_repeats": speeds,
+                "speedup": speed / baseline_speed[category] if baseline_speed.get(category) else None,
+                "mean_accepted_tokens": stats.mean_accepted_tokens if stats else None,
+                "acceptance_rate": stats.acceptance_rate if stats and stats.verified else None,
+                "draft_s": stats.draft_s if stats else None,
+                "verify_s": stats.verify_s if stats else None,
+                "other_s": stats.other_s if stats else None,
+                "acceptance_by_position": stats.acceptance_by_position if stats else None,
+                "greedy_mismatches": mismatches if greedy else None,
+                "divergences": divergences if greedy else None,
+            })
+    return rows

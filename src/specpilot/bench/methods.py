@@ -1,0 +1,159 @@
+"""Benchmark methods, parsed from `NAME[:key=value,...]` strings.
+
+- `ar`: plain autoregressive decoding through specpilot's runner (the baseline, always run);
+- `sd:drafter=model|ngram,policy=NAME,<policy options>`: specpilot speculative decoding;
+- `hf`: transformers' own `generate` (plain greedy/sampling), the reference AR implementation;
+- `hf-assisted:schedule=constant|heuristic|dynamic,k=N`: transformers assisted generation with the
+  same draft weights (`dynamic` is transformers' default confidence-threshold schedule);
+- `hf-pld:k=N`: transformers prompt lookup decoding.
+
+Every method answers a conversation turn by turn and returns, per turn, the new token ids, the
+wall time and (for specpilot methods) the engine's statistics.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from specpilot.api import ModelPair, build_engine
+from specpilot.config import GenerationConfig
+from specpilot.engine import GenerationStats
+from specpilot.errors import ConfigError
+from specpilot.models.chat import encode_prompt, eos_token_ids
+from specpilot.prompts import answer_turns
+
+METHOD_KINDS = ("ar", "sd", "hf", "hf-assisted", "hf-pld")
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    text: str
+    """The method string as given, used as its name in reports."""
+    kind: str
+    options: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def needs_draft(self) -> bool:
+        return self.kind == "hf-assisted" or (self.kind == "sd" and self.options.get("drafter", "model") == "model")
+
+
+def parse_method(text: str) -> MethodSpec:
+    kind, _, rest = text.partition(":")
+    if kind not in METHOD_KINDS:
+        raise ConfigError(f"unknown method {kind!r} in {text!r}; choose from {', '.join(METHOD_KINDS)}")
+    options = {}
+    for item in filter(None, rest.split(",")):
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"method {text!r}: options must be key=value, got {item!r}")
+        options[key.strip()] = value.strip()
+    return MethodSpec(text, kind, options)
+
+
+@dataclass
+class TurnRun:
+    token_ids: list[int]
+    seconds: float
+    stats: GenerationStats | None = None
+
+
+class EngineMethod:
+    """`ar` and `sd`: specpilot's engine."""
+
+    def __init__(self, spec: MethodSpec, models: ModelPair):
+        options = dict(spec.options)
+        if spec.kind == "ar":
+            if options:
+                raise ConfigError(f"method 'ar' takes no options, got {spec.text!r}")
+            self.engine = build_engine(models, drafter="none", policy="constant", k=1)
+            return
+        drafter = options.pop("drafter", "model")
+        policy = options.pop("policy", "constant")
+        if policy == "constant":
+            options.setdefault("k", "4")
+        self.engine = build_engine(models, drafter=drafter, policy=policy, **options)
+
+    def run(self, turns, config: GenerationConfig) -> list[TurnRun]:
+        results = answer_turns(self.engine, turns, config)
+        return [TurnRun(r.token_ids, r.stats.total_s, r.stats) for r in results]
+
+
+class HFMethod:
+    """transformers `generate`, optionally with an assistant model or prompt lookup."""
+
+    def __init__(self, spec: MethodSpec, models: ModelPair, hf_models: dict):
+        self.tokenizer = models.target.tokenizer
+        self.model = hf_models["target"]
+        self.eos = sorted(eos_token_ids(self.tokenizer, models.target.path))
+        self.extra: dict = {}
+        options = dict(spec.options)
+        if spec.kind == "hf-assisted":
+            schedule = options.pop("schedule", "dynamic")
+            assistant = hf_models["draft"]
+            gen = assistant.generation_config
+            gen.num_assistant_tokens = int(options.pop("k", 20 if schedule == "dynamic" else 5))
+            if schedule == "dynamic":
+                gen.num_assistant_tokens_schedule = "constant"
+                gen.assistant_confidence_threshold = float(options.pop("threshold", 0.4))
+            elif schedule in ("constant", "heuristic"):
+                gen.num_assistant_tokens_schedule = schedule
+                gen.assistant_confidence_threshold = 0.0
+            else:
+                raise ConfigError(f"hf-assisted schedule must be constant, heuristic or dynamic, got {schedule!r}")
+            self.extra = {"assistant_model": assistant}
+            self.initial_k = gen.num_assistant_tokens
+        elif spec.kind == "hf-pld":
+            self.extra = {"prompt_lookup_num_tokens": int(options.pop("k", 10))}
+        if options:
+            raise ConfigError(f"method {spec.text!r}: unknown options {', '.join(options)}")
+
+    @torch.inference_mode()
+    def run(self, turns, config: GenerationConfig) -> list[TurnRun]:
+        if "assistant_model" in self.extra:  # heuristic schedules persist across calls in HF
+            self.extra["assistant_model"].generation_config.num_assistant_tokens = self.initial_k
+        sampling = config.sampling
+        kwargs = dict(
+            max_new_tokens=config.max_new_tokens, eos_token_id=self.eos, pad_token_id=self.eos[0],
+            do_sample=not sampling.greedy, **self.extra,
+        )
+        if not sampling.greedy:
+            kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k or None)
+        else:
+            kwargs.update(temperature=None, top_p=None, top_k=None)
+        messages, runs = [], []
+        for turn in turns:
+            messages.append({"role": "user", "content": turn})
+            ids = torch.tensor([encode_prompt(self.tokenizer, messages)], device=self.model.device)
+            torch.manual_seed(config.seed)
+            start = time.perf_counter()
+            out = self.model.generate(ids, attention_mask=torch.ones_like(ids), **kwargs)
+            seconds = time.perf_counter() - start
+            new = out[0, ids.shape[1]:].tolist()
+            messages.append({"role": "assistant", "content": self.tokenizer.decode(new, skip_special_tokens=True)})
+            runs.append(TurnRun(new, seconds))
+        return runs
+
+
+def load_hf_models(models: ModelPair, specs: list[MethodSpec]) -> dict:
+    """transformers copies of the same weights, in the same dtype, for the HF peers."""
+    from transformers import AutoModelForCausalLM
+
+    wanted = {"target"} if any(s.kind.startswith("hf") for s in specs) else set()
+    if any(s.kind == "hf-assisted" for s in specs):
+        wanted.add("draft")
+    loaded = {}
+    for role in sorted(wanted):
+        source = getattr(models, role)
+        loaded[role] = AutoModelForCausalLM.from_pretrained(
+            source.path, dtype=source.runner.dtype, device_map=None
+        ).to(source.runner.device).eval()
+    return loaded
+
+
+def make_method(spec: MethodSpec, models: ModelPair, hf_models: dict):
+    if spec.kind in ("ar", "sd"):
+        return EngineMethod(spec, models)
+    return HFMethod(spec, models, hf_models)

