@@ -37,17 +37,22 @@ def load_models(
 
 
 def build_engine(
-    models: ModelPair, drafter: str = "model", policy: str | DraftPolicy = "constant", **policy_options
+    models: ModelPair,
+    drafter: str = "model",
+    policy: str | DraftPolicy = "constant",
+    drafter_options: dict | None = None,
+    **policy_options,
 ) -> SpeculativeEngine:
-    """An engine from names: drafter in {model, ngram, none}; policy a name in
-    registry.DRAFT_POLICIES (with its options) or a ready DraftPolicy."""
+    """An engine from names: drafter in {model, ngram, none} (with `drafter_options`, see
+    registry.make_drafter); policy a name in registry.DRAFT_POLICIES (with its options) or a
+    ready DraftPolicy."""
     target = models.target
     if isinstance(policy, str):
         policy = make_draft_policy(policy, **policy_options)
     return SpeculativeEngine(
         target.runner,
         target.tokenizer,
-        drafter=make_drafter(drafter, models.draft),
+        drafter=make_drafter(drafter, models.draft, **(drafter_options or {})),
         draft_policy=policy,
         eos_ids=eos_token_ids(target.tokenizer, target.path),
     )

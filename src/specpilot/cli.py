@@ -38,6 +38,8 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_method_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--drafter", choices=DRAFTERS, default="model", help="none = plain decoding")
+    parser.add_argument("--draft-vocab", type=int, default=None,
+                        help="draft scores only the first N token ids (+ specials): a cheaper draft head")
     parser.add_argument("--policy", choices=sorted(DRAFT_POLICIES), default=DEFAULT_POLICY)
     parser.add_argument("--k", type=int, default=None, help=f"draft length for --policy constant ({DEFAULT_K})")
     parser.add_argument("--policy-option", action="append", default=[], metavar="KEY=VALUE",
@@ -106,7 +108,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     draft = args.draft if args.drafter == "model" else None
     print(f"loading {args.target}" + (f" + {draft}" if draft else "") + " ...", file=sys.stderr)
     models = load_models(args.target, draft, args.dtype, args.device, args.max_length)
-    engine = build_engine(models, args.drafter, policy)
+    drafter_options = {"draft_vocab": args.draft_vocab} if args.draft_vocab else {}
+    engine = build_engine(models, args.drafter, policy, drafter_options)
     for record in records:
         streamer = None if args.json else TextStreamer(models.target.tokenizer)
         results = answer_turns(engine, record.turns, config, on_tokens=streamer,

@@ -14,6 +14,7 @@ from typing import Any
 
 from specpilot.drafting import ModelDrafter, NgramDrafter
 from specpilot.errors import ConfigError
+from specpilot.models.vocab import DraftVocabulary
 from specpilot.policies import ConstantPolicy, HeuristicPolicy
 
 DRAFT_POLICIES: dict[str, Callable[..., Any]] = {
@@ -22,6 +23,7 @@ DRAFT_POLICIES: dict[str, Callable[..., Any]] = {
 }
 
 DRAFTERS = ("model", "ngram", "none")
+DRAFTER_OPTIONS = {"model": {"draft_vocab"}, "ngram": {"max_ngram", "min_ngram"}, "none": set()}
 
 
 def _convert(cls, options: dict[str, Any]) -> dict[str, Any]:
@@ -50,13 +52,21 @@ def make_draft_policy(name: str, **options: Any):
 
 
 def make_drafter(name: str, draft=None, **options: Any):
-    """A drafter by name: "model" needs the loaded draft model, "ngram" none, "none" → None."""
+    """A drafter by name: "model" needs the loaded draft model (option `draft_vocab`: score only
+    the first N ids), "ngram" none (options `max_ngram`, `min_ngram`), "none" → None."""
+    if name not in DRAFTERS:
+        raise ConfigError(f"unknown drafter {name!r}; choose from {', '.join(DRAFTERS)}")
+    unknown = set(options) - DRAFTER_OPTIONS[name]
+    if unknown:
+        raise ConfigError(f"unknown option(s) {', '.join(sorted(unknown))} for drafter {name!r}")
     if name == "none":
         return None
     if name == "model":
         if draft is None:
             raise ConfigError("--drafter model needs a draft model (--draft NAME)")
-        return ModelDrafter(draft.runner)
-    if name == "ngram":
-        return NgramDrafter(**_convert(NgramDrafter, options))
-    raise ConfigError(f"unknown drafter {name!r}; choose from {', '.join(DRAFTERS)}")
+        vocabulary = None
+        if options.get("draft_vocab"):
+            size = int(options["draft_vocab"])
+            vocabulary = DraftVocabulary.first_ids(size, draft.tokenizer, draft.runner.vocab_size)
+        return ModelDrafter(draft.runner, vocabulary)
+    return NgramDrafter(**_convert(NgramDrafter, options))

@@ -19,13 +19,14 @@ from specpilot.config import GenerationConfig, SamplingConfig
 from specpilot.drafting import ModelDrafter, NgramDrafter
 from specpilot.engine import SpeculativeEngine
 from specpilot.models.decoder import DecoderRunner
+from specpilot.models.vocab import DraftVocabulary
 from specpilot.policies import ConstantPolicy
 from specpilot.sampling import logits_to_probs, sample
 from specpilot.types import VerifyResult
 
 VOCAB = 8
 PROMPT = [1, 3, 4, 5, 3, 4]  # repeats, so the n-gram drafter proposes something
-TRIALS = 2500
+TRIALS = 2000
 
 
 @pytest.fixture(scope="module")
@@ -59,8 +60,11 @@ def chi_square_pvalue(engine: SpeculativeEngine, expected: torch.Tensor, samplin
 
 
 def make_engine(target, drafter_kind: str) -> SpeculativeEngine:
-    drafter = (ModelDrafter(DecoderRunner(perturbed(target, 1.0))) if drafter_kind == "model"
-               else NgramDrafter())
+    if drafter_kind == "ngram":
+        drafter = NgramDrafter()
+    else:  # "model-subvocab" drafts from ids 0..5 only: q is zero on ids 6 and 7
+        vocabulary = DraftVocabulary(torch.arange(6), VOCAB) if drafter_kind == "model-subvocab" else None
+        drafter = ModelDrafter(DecoderRunner(perturbed(target, 1.0)), vocabulary)
     return SpeculativeEngine(DecoderRunner(target), TinyTokenizer(), drafter, ConstantPolicy(2), eos_ids=set())
 
 
@@ -68,7 +72,7 @@ SAMPLINGS = [SamplingConfig(temperature=1.0), SamplingConfig(temperature=0.8, to
 
 
 @pytest.mark.parametrize("sampling", SAMPLINGS, ids=["t1", "t0.8-topk-topp"])
-@pytest.mark.parametrize("drafter_kind", ["model", "ngram"])
+@pytest.mark.parametrize("drafter_kind", ["model", "model-subvocab", "ngram"])
 def test_sampled_output_follows_target(target, drafter_kind, sampling):
     expected = exact_two_token_distribution(target, sampling)
     assert chi_square_pvalue(make_engine(target, drafter_kind), expected, sampling) > 1e-3

@@ -15,6 +15,7 @@ from specpilot.config import GenerationConfig
 from specpilot.drafting import ModelDrafter, NgramDrafter
 from specpilot.engine import SpeculativeEngine
 from specpilot.models.decoder import DecoderRunner
+from specpilot.models.vocab import DraftVocabulary
 from specpilot.policies import ConstantPolicy, HeuristicPolicy
 from specpilot.types import Proposal
 
@@ -55,11 +56,17 @@ def policies():
     return [ConstantPolicy(1), ConstantPolicy(3), ConstantPolicy(5), HeuristicPolicy()]
 
 
+def make_drafter(kind: str, target_model):
+    if kind == "ngram":
+        return NgramDrafter()
+    vocabulary = DraftVocabulary(torch.arange(48), 96) if kind == "model-subvocab" else None
+    return ModelDrafter(DecoderRunner(perturbed(target_model, 0.3)), vocabulary)
+
+
 @pytest.mark.parametrize("policy", policies(), ids=lambda p: repr(p))
-@pytest.mark.parametrize("drafter_kind", ["model", "ngram"])
+@pytest.mark.parametrize("drafter_kind", ["model", "model-subvocab", "ngram"])
 def test_drafters_match_plain_greedy(target_model, reference, policy, drafter_kind):
-    draft_model = perturbed(target_model, 0.3)
-    drafter = ModelDrafter(DecoderRunner(draft_model)) if drafter_kind == "model" else NgramDrafter()
+    drafter = make_drafter(drafter_kind, target_model)
     engine = SpeculativeEngine(DecoderRunner(target_model), TinyTokenizer(), drafter, policy, eos_ids=set())
     accepted = 0
     for prompt in PROMPTS:
@@ -67,7 +74,7 @@ def test_drafters_match_plain_greedy(target_model, reference, policy, drafter_ki
         assert result.token_ids == reference[tuple(prompt)][:MAX_NEW]
         assert result.finish_reason == "length"
         accepted += result.stats.accepted
-    if drafter_kind == "model":
+    if drafter_kind.startswith("model"):
         assert accepted > 0, "the perturbed draft should get some tokens accepted"
 
 

@@ -24,6 +24,7 @@ from specpilot.engine import GenerationStats
 from specpilot.errors import ConfigError
 from specpilot.models.chat import encode_prompt, eos_token_ids
 from specpilot.prompts import answer_turns
+from specpilot.registry import DRAFTER_OPTIONS
 
 METHOD_KINDS = ("ar", "sd", "hf", "hf-assisted", "hf-pld")
 
@@ -72,9 +73,10 @@ class EngineMethod:
             return
         drafter = options.pop("drafter", "model")
         policy = options.pop("policy", "constant")
+        drafter_options = {k: options.pop(k) for k in DRAFTER_OPTIONS.get(drafter, ()) if k in options}
         if policy == "constant":
             options.setdefault("k", "4")
-        self.engine = build_engine(models, drafter=drafter, policy=policy, **options)
+        self.engine = build_engine(models, drafter, policy, drafter_options, **options)
 
     def run(self, turns, config: GenerationConfig) -> list[TurnRun]:
         results = answer_turns(self.engine, turns, config)

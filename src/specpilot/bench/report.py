@@ -7,6 +7,19 @@ import platform
 import torch
 
 
+def memory_bandwidth_gbs(megabytes: int = 1024, repeats: int = 5) -> float:
+    """Read bandwidth in GB/s: the best of a few sums over a buffer far larger than the caches."""
+    import time
+
+    buffer = torch.ones(megabytes * 2**20 // 4)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        buffer.sum()
+        best = min(best, time.perf_counter() - start)
+    return buffer.numel() * 4 / best / 1e9
+
+
 def machine_info() -> dict:
     cpu = platform.processor()
     try:

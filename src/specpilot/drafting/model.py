@@ -13,16 +13,30 @@ import torch
 
 from specpilot.config import SamplingConfig
 from specpilot.drafting.base import common_prefix_length
+from specpilot.errors import ConfigError
 from specpilot.models.runner import CausalRunner
+from specpilot.models.vocab import DraftVocabulary
 from specpilot.policies.base import DraftPolicy, DraftToken
 from specpilot.sampling import logits_to_probs, sample
 from specpilot.types import Proposal
 
 
 class ModelDrafter:
-    def __init__(self, runner: CausalRunner):
+    def __init__(self, runner: CausalRunner, vocabulary: DraftVocabulary | None = None):
+        """`vocabulary`: score only these ids (needs a runner with `run`/`logits_from_hidden`)."""
+        if vocabulary is not None and not hasattr(runner, "logits_from_hidden"):
+            raise ConfigError("a reduced draft vocabulary needs the lean decoder backend (Llama/Qwen2 family)")
         self.runner = runner
+        self.vocabulary = vocabulary
+        self.head = None if vocabulary is None else vocabulary.head(runner.lm_head)
         self.cached: list[int] = []
+
+    def _next_logits(self, feed: list[int]) -> torch.Tensor:
+        """[vocab] (or [subset]) draft logits for the position after `feed`."""
+        if self.vocabulary is None:
+            return self.runner.forward(feed, logits="last")[-1]
+        hidden = self.runner.run(feed, logits="none").hidden[-1:]
+        return self.runner.logits_from_hidden(hidden, self.head)[-1]
 
     def reset(self) -> None:
         self.runner.reset()
@@ -48,13 +62,15 @@ class ModelDrafter:
         tokens: list[int] = []
         probs: list[torch.Tensor] = []
         while len(tokens) < budget:
-            logits = self.runner.forward(feed, logits="last")[-1]
+            logits = self._next_logits(feed)
             self.cached.extend(feed)
             if sampling.greedy:
-                token = int(logits.argmax())
+                index = int(logits.argmax())
             else:
-                probs.append(logits_to_probs(logits, sampling))
-                token = sample(probs[-1], generator)
+                row = logits_to_probs(logits, sampling)
+                index = sample(row, generator)
+                probs.append(row if self.vocabulary is None else self.vocabulary.to_full_probs(row))
+            token = index if self.vocabulary is None else self.vocabulary.to_full_id(index)
             tokens.append(token)
             if not policy.continue_drafting(DraftToken(len(tokens) - 1, token, logits)):
                 break
