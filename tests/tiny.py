@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 
 def tiny_model(kind: str = "qwen2", vocab_size: int = 96, seed: int = 0, dtype=torch.float32,
@@ -45,3 +46,26 @@ def perturbed(model, scale: float, seed: int = 123):
         for p in draft.parameters():
             p.add_(torch.randn(p.shape, generator=generator, dtype=p.dtype) * scale * p.std())
     return draft
+
+
+SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]  # ids 0..3, matching tiny_model's pad/bos/eos ids
+
+
+def tiny_tokenizer(words: list[str]) -> PreTrainedTokenizerFast:
+    """A whitespace WordLevel tokenizer: specials first, then `words`."""
+    vocab = {token: i for i, token in enumerate(SPECIALS + words)}
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
+        unk_token="<unk>",
+    )
+
+
+def save_tiny(folder, kind="qwen2", words=None, seed=0):
+    """A tiny random model plus tokenizer saved as a loadable folder."""
+    words = words if words is not None else [f"w{i}" for i in range(4, 96)]
+    vocab_size = len(SPECIALS) + len(words)
+    tiny_model(kind, vocab_size=vocab_size, seed=seed).save_pretrained(folder)
+    tiny_tokenizer(words).save_pretrained(folder)
+    return folder

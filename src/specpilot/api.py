@@ -12,6 +12,8 @@ from specpilot.registry import make_draft_policy, make_drafter
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
+DEFAULT_K = 3
+"""Default draft length: the best constant k for the default pair on this CPU (BENCHMARKS.md)."""
 
 
 @dataclass

@@ -10,7 +10,7 @@ import argparse
 import json
 import sys
 
-from specpilot.api import DEFAULT_DRAFT, DEFAULT_TARGET, build_engine, load_models
+from specpilot.api import DEFAULT_DRAFT, DEFAULT_K, DEFAULT_TARGET, build_engine, load_models
 from specpilot.config import GenerationConfig, SamplingConfig
 from specpilot.engine import GenerationStats
 from specpilot.errors import ConfigError, SpecpilotError
@@ -19,7 +19,6 @@ from specpilot.models.loading import resolve_dtype
 from specpilot.registry import DRAFT_POLICIES, DRAFTERS, make_draft_policy
 
 DEFAULT_POLICY = "constant"
-DEFAULT_K = 4
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -162,7 +161,7 @@ def select_prompts(paths: list[str], limit: int | None, max_turns: int | None) -
 def cmd_bench(args: argparse.Namespace) -> int:
     from specpilot.bench.harness import BASELINE, run_methods, summarize
     from specpilot.bench.methods import load_hf_models, parse_method
-    from specpilot.bench.report import machine_info, table
+    from specpilot.bench.report import machine_info, memory_bandwidth_gbs, table
 
     if args.batch_size != 1:
         raise ConfigError("--batch-size > 1 is not supported yet; use 1")
@@ -181,8 +180,16 @@ def cmd_bench(args: argparse.Namespace) -> int:
     hf_models = load_hf_models(models, specs)
     results = run_methods(specs, records, models, hf_models, config, args.repeats, progress=not args.quiet)
     rows = summarize(results, config.sampling.greedy)
+    bandwidth = memory_bandwidth_gbs()
+    rooflines = {}
+    for role in ("target", "draft"):
+        model = getattr(models, role)
+        if model is not None and hasattr(model.runner, "streamed_bytes"):
+            size = model.runner.streamed_bytes
+            rooflines[role] = {"streamed_bytes": size, "roofline_ms_per_token": size / bandwidth / 1e6}
     document = {
-        "machine": machine_info(),
+        "machine": {**machine_info(), "memory_bandwidth_gbs": bandwidth},
+        "rooflines": rooflines,
         "config": {
             "target": args.target, "draft": draft, "dtype": str(models.target.runner.dtype),
             "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,

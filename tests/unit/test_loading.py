@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from tiny import tiny_model
+from tiny import SPECIALS, save_tiny, tiny_model, tiny_tokenizer
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
@@ -21,29 +21,6 @@ from specpilot.models.decoder import DecoderRunner
 from specpilot.models.hf_adapter import HFRunner
 from specpilot.models.loading import resolve_dtype
 from specpilot.models.offline import OFFLINE_MODELS, convert_gguf
-
-SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]  # ids 0..3, matching tiny_model's pad/bos/eos ids
-
-
-def tiny_tokenizer(words: list[str]) -> PreTrainedTokenizerFast:
-    """A whitespace WordLevel tokenizer: specials first, then `words`."""
-    vocab = {token: i for i, token in enumerate(SPECIALS + words)}
-    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    return PreTrainedTokenizerFast(
-        tokenizer_object=backend, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
-        unk_token="<unk>",
-    )
-
-
-def save_tiny(folder, kind="qwen2", words=None, seed=0):
-    """A tiny random model plus tokenizer saved as a loadable folder."""
-    words = words if words is not None else [f"w{i}" for i in range(4, 96)]
-    vocab_size = len(SPECIALS) + len(words)
-    tiny_model(kind, vocab_size=vocab_size, seed=seed).save_pretrained(folder)
-    tiny_tokenizer(words).save_pretrained(folder)
-    return folder
-
 
 @pytest.fixture
 def offline_hub(monkeypatch, tmp_path):

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specpilot.api import ModelPair, build_engine
+from specpilot.api import DEFAULT_K, ModelPair, build_engine
 from specpilot.config import GenerationConfig
 from specpilot.engine import GenerationStats
 from specpilot.errors import ConfigError
@@ -75,7 +75,7 @@ class EngineMethod:
         policy = options.pop("policy", "constant")
         drafter_options = {k: options.pop(k) for k in DRAFTER_OPTIONS.get(drafter, ()) if k in options}
         if policy == "constant":
-            options.setdefault("k", "4")
+            options.setdefault("k", str(DEFAULT_K))
         self.engine = build_engine(models, drafter, policy, drafter_options, **options)
 
     def run(self, turns, config: GenerationConfig) -> list[TurnRun]:

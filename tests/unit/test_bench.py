@@ -1,0 +1,102 @@
+"""The bench harness on tiny saved models: JSON schema, baseline, identity check, bad arguments."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from tiny import save_tiny
+
+import specpilot.engine.speculative as speculative
+from specpilot.cli import main
+from specpilot.sampling import logits_to_probs, sample
+from specpilot.types import VerifyResult
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bench")
+    target = save_tiny(root / "target", seed=0)
+    draft = save_tiny(root / "draft", seed=0)  # same weights: high acceptance, still verified
+    prompts = root / "prompts.jsonl"
+    rows = [
+        {"question_id": 1, "category": "a", "turns": ["w5 w6 w7 w8"]},
+        {"question_id": 2, "category": "a", "turns": ["w9 w10 w9 w10 w9"]},
+        {"question_id": 3, "category": "b", "turns": ["w20 w30 w40"]},
+    ]
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return target, draft, prompts
+
+
+def bench(capsys, folders, *extra):
+    target, draft, prompts = folders
+    code = main(["bench", "--target", str(target), "--draft", str(draft), "--prompts", str(prompts),
+                 "--dtype", "float32", "--max-new-tokens", "12", "--quiet", *extra])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_report_schema_and_baseline(capsys, folders, tmp_path):
+    out_file = tmp_path / "report.json"
+    code, out, _ = bench(capsys, folders, "--method", "sd:k=3", "--method", "sd:drafter=ngram",
+                         "--method", "hf", "--method", "hf-assisted:schedule=constant,k=3",
+                         "--repeats", "2", "--json-out", str(out_file))
+    assert code == 0
+    document = json.loads(out.strip().splitlines()[-1])
+    assert document == json.loads(out_file.read_text())
+    assert {"machine", "config", "results"} <= set(document)
+    methods = {row["method"] for row in document["results"]}
+    assert methods == {"ar", "sd:k=3", "sd:drafter=ngram", "hf", "hf-assisted:schedule=constant,k=3"}
+    for row in document["results"]:
+        for key in ("tokens_per_s", "speedup", "mean_accepted_tokens", "acceptance_rate",
+                    "greedy_mismatches", "prompts", "category"):
+            assert key in row
+        assert len(row["tokens_per_s_repeats"]) == 2
+    by_key = {(r["method"], r["category"]): r for r in document["results"]}
+    assert by_key[("ar", "all")]["speedup"] == pytest.approx(1.0)
+    assert by_key[("ar", "all")]["prompts"] == 3 and by_key[("ar", "a")]["prompts"] == 2
+    assert by_key[("sd:k=3", "all")]["greedy_mismatches"] == 0
+    assert by_key[("sd:k=3", "all")]["mean_accepted_tokens"] > 1.0
+    assert by_key[("hf", "all")]["greedy_mismatches"] == 0
+
+
+def accept_everything(draft_tokens, draft_probs, target_logits, sampling, generator):
+    probs = logits_to_probs(target_logits, sampling)
+    return VerifyResult(len(draft_tokens), sample(probs[len(draft_tokens)], generator))
+
+
+def test_identity_check_catches_a_lossy_method(capsys, folders, tmp_path, monkeypatch):
+    """Accepting every draft token is lossy with a different draft; the report must say so."""
+    target, _, prompts = folders
+    other_draft = save_tiny(tmp_path / "other", seed=5)
+    monkeypatch.setattr(speculative, "verify", accept_everything)  # `ar` drafts nothing: unaffected
+    code, out, _ = bench(capsys, (target, other_draft, prompts), "--method", "sd:k=3")
+    assert code == 0
+    rows = {(r["method"], r["category"]): r for r in json.loads(out.strip().splitlines()[-1])["results"]}
+    assert rows[("sd:k=3", "all")]["greedy_mismatches"] > 0
+    assert rows[("sd:k=3", "all")]["divergences"][0]["position"] >= 0
+    assert rows[("ar", "all")]["greedy_mismatches"] == 0
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--method", "warp-drive"], "unknown method 'warp-drive'"),
+        (["--method", "sd:k"], "options must be key=value"),
+        (["--method", "sd:policy=nope"], "unknown draft policy 'nope'"),
+        (["--repeats", "0"], "--repeats must be >= 1"),
+        (["--batch-size", "4"], "--batch-size"),
+        (["--method", "hf-assisted:schedule=weird"], "schedule must be"),
+    ],
+)
+def test_bad_arguments_exit_nonzero(capsys, folders, extra, message):
+    code, _, err = bench(capsys, folders, *extra)
+    assert code == 2
+    assert message in err
+
+
+def test_missing_prompts_file(capsys, folders):
+    target, draft, _ = folders
+    code = main(["bench", "--target", str(target), "--prompts", "/nonexistent.jsonl"])
+    assert code == 2
+    assert "prompts file not found" in capsys.readouterr().err
