@@ -4,17 +4,37 @@ from __future__ import annotations
 
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
 
 
-def tiny_model(kind: str = "qwen2", vocab_size: int = 96, seed: int = 0, dtype=torch.float32,
-               num_layers: int = 4, tie: bool = False):
+def tiny_model(
+    kind: str = "qwen2",
+    vocab_size: int = 96,
+    seed: int = 0,
+    dtype=torch.float32,
+    num_layers: int = 4,
+    tie: bool = False,
+):
     """A randomly initialised 4-layer Llama or Qwen2 model (GQA, with q/k/v bias for Qwen2)."""
     torch.manual_seed(seed)
     common = dict(
-        vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=num_layers,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-        tie_word_embeddings=tie, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=tie,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
     )
     if kind == "qwen2":
         model = Qwen2ForCausalLM(Qwen2Config(**common, rope_theta=10000.0))
@@ -37,7 +57,7 @@ class TinyTokenizer:
 
 
 def perturbed(model, scale: float, seed: int = 123):
-    """A copy of `model` with Gaussian noise on every weight: a draft that agrees often, not always."""
+    """`model` with Gaussian noise on every weight: a draft that agrees often, not always."""
     import copy
 
     draft = copy.deepcopy(model)
@@ -57,7 +77,10 @@ def tiny_tokenizer(words: list[str]) -> PreTrainedTokenizerFast:
     backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     return PreTrainedTokenizerFast(
-        tokenizer_object=backend, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
+        tokenizer_object=backend,
+        pad_token="<pad>",
+        bos_token="<s>",
+        eos_token="</s>",
         unk_token="<unk>",
     )
 

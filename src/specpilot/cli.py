@@ -14,8 +14,8 @@ from specpilot.api import DEFAULT_DRAFT, DEFAULT_K, DEFAULT_TARGET, build_engine
 from specpilot.config import GenerationConfig, SamplingConfig
 from specpilot.engine import GenerationStats
 from specpilot.errors import ConfigError, SpecpilotError
-from specpilot.prompts import PromptRecord, answer_turns, read_prompts_file
 from specpilot.models.loading import resolve_dtype
+from specpilot.prompts import PromptRecord, answer_turns, read_prompts_file
 from specpilot.registry import DRAFT_POLICIES, DRAFTERS, make_draft_policy
 
 DEFAULT_POLICY = "constant"
@@ -23,11 +23,19 @@ DEFAULT_POLICY = "constant"
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     """Model and decoding options shared by generate, bench and profile."""
-    parser.add_argument("--target", default=DEFAULT_TARGET, help="offline name, HF id/folder or .gguf")
-    parser.add_argument("--draft", default=DEFAULT_DRAFT, help="draft model (same tokenizer as the target)")
-    parser.add_argument("--dtype", default="auto", help="auto (bf16 where the CPU has it), bfloat16, float32, ...")
+    parser.add_argument(
+        "--target", default=DEFAULT_TARGET, help="offline name, HF id/folder or .gguf"
+    )
+    parser.add_argument(
+        "--draft", default=DEFAULT_DRAFT, help="draft model (same tokenizer as the target)"
+    )
+    parser.add_argument(
+        "--dtype", default="auto", help="auto (bf16 where the CPU has it), bfloat16, float32, ..."
+    )
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--max-length", type=int, default=4096, help="KV cache size (context) in tokens")
+    parser.add_argument(
+        "--max-length", type=int, default=4096, help="KV cache size (context) in tokens"
+    )
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     parser.add_argument("--top-p", type=float, default=1.0)
@@ -36,13 +44,26 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_method_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--drafter", choices=DRAFTERS, default="model", help="none = plain decoding")
-    parser.add_argument("--draft-vocab", type=int, default=None,
-                        help="draft scores only the first N token ids (+ specials): a cheaper draft head")
+    parser.add_argument(
+        "--drafter", choices=DRAFTERS, default="model", help="none = plain decoding"
+    )
+    parser.add_argument(
+        "--draft-vocab",
+        type=int,
+        default=None,
+        help="draft scores only the first N token ids (+ specials): a cheaper draft head",
+    )
     parser.add_argument("--policy", choices=sorted(DRAFT_POLICIES), default=DEFAULT_POLICY)
-    parser.add_argument("--k", type=int, default=None, help=f"draft length for --policy constant ({DEFAULT_K})")
-    parser.add_argument("--policy-option", action="append", default=[], metavar="KEY=VALUE",
-                        help="extra policy option, e.g. max_k=20 (repeatable)")
+    parser.add_argument(
+        "--k", type=int, default=None, help=f"draft length for --policy constant ({DEFAULT_K})"
+    )
+    parser.add_argument(
+        "--policy-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra policy option, e.g. max_k=20 (repeatable)",
+    )
 
 
 def generation_config(args: argparse.Namespace, stop: tuple[str, ...] = ()) -> GenerationConfig:
@@ -59,7 +80,9 @@ def policy_options(args: argparse.Namespace) -> dict[str, str]:
         options[key] = value
     if args.k is not None:
         if args.policy != "constant":
-            raise ConfigError(f"--k sets the draft length of --policy constant, not of {args.policy!r}")
+            raise ConfigError(
+                f"--k sets the draft length of --policy constant, not of {args.policy!r}"
+            )
         options["k"] = str(args.k)
     elif args.policy == "constant":
         options.setdefault("k", str(DEFAULT_K))
@@ -89,8 +112,9 @@ class TextStreamer:
 def summary_line(stats: GenerationStats) -> str:
     return (
         f"[{stats.new_tokens} tokens in {stats.total_s:.2f} s: {stats.tokens_per_s:.2f} tok/s | "
-        f"steps {stats.steps}, MAT {stats.mean_accepted_tokens:.2f}, acceptance {stats.acceptance_rate:.2f} | "
-        f"draft {stats.draft_s:.2f} s, verify {stats.verify_s:.2f} s, prefill {stats.prefill_s:.2f} s]"
+        f"steps {stats.steps}, MAT {stats.mean_accepted_tokens:.2f}, "
+        f"acceptance {stats.acceptance_rate:.2f} | draft {stats.draft_s:.2f} s, "
+        f"verify {stats.verify_s:.2f} s, prefill {stats.prefill_s:.2f} s]"
     )
 
 
@@ -111,26 +135,41 @@ def cmd_generate(args: argparse.Namespace) -> int:
     engine = build_engine(models, args.drafter, policy, drafter_options)
     for record in records:
         streamer = None if args.json else TextStreamer(models.target.tokenizer)
-        results = answer_turns(engine, record.turns, config, on_tokens=streamer,
-                               on_turn_end=None if streamer is None else streamer.end_turn)
+        results = answer_turns(
+            engine,
+            record.turns,
+            config,
+            on_tokens=streamer,
+            on_turn_end=None if streamer is None else streamer.end_turn,
+        )
         stats = GenerationStats.combined([r.stats for r in results])
         if args.json:
             last = results[-1]
-            print(json.dumps({
-                "question_id": record.question_id,
-                "text": last.text,
-                "token_ids": last.token_ids,
-                "finish_reason": last.finish_reason,
-                "turns": [r.text for r in results],
-                "stats": stats.summary(),
-            }), flush=True)
+            print(
+                json.dumps(
+                    {
+                        "question_id": record.question_id,
+                        "text": last.text,
+                        "token_ids": last.token_ids,
+                        "finish_reason": last.finish_reason,
+                        "turns": [r.text for r in results],
+                        "stats": stats.summary(),
+                    }
+                ),
+                flush=True,
+            )
         else:
             print(summary_line(stats), file=sys.stderr)
     return 0
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    from specpilot.models.offline import OFFLINE_MODELS, cache_root, ensure_offline_model, offline_status
+    from specpilot.models.offline import (
+        OFFLINE_MODELS,
+        cache_root,
+        ensure_offline_model,
+        offline_status,
+    )
 
     if args.action == "fetch":
         if not args.names:
@@ -144,7 +183,9 @@ def cmd_models(args: argparse.Namespace) -> int:
     return 0
 
 
-def select_prompts(paths: list[str], limit: int | None, max_turns: int | None) -> list[PromptRecord]:
+def select_prompts(
+    paths: list[str], limit: int | None, max_turns: int | None
+) -> list[PromptRecord]:
     """Prompts from every file, the first `limit` of each category, at most `max_turns` turns."""
     selected, per_category = [], {}
     for path in paths:
@@ -171,14 +212,18 @@ def cmd_bench(args: argparse.Namespace) -> int:
     specs = [parse_method(BASELINE)] + [parse_method(t) for t in texts if t != BASELINE]
     config = generation_config(args)
     if not args.prompts:
-        raise ConfigError("give at least one --prompts FILE.jsonl (e.g. ../shared/data/mt_bench_question.jsonl)")
+        raise ConfigError(
+            "give at least one --prompts FILE.jsonl (e.g. ../shared/data/mt_bench_question.jsonl)"
+        )
     records = select_prompts(args.prompts, args.limit, args.max_turns)
     resolve_dtype(args.dtype, args.device)
     draft = args.draft if any(s.needs_draft for s in specs) else None
     print(f"loading {args.target}" + (f" + {draft}" if draft else "") + " ...", file=sys.stderr)
     models = load_models(args.target, draft, args.dtype, args.device, args.max_length)
     hf_models = load_hf_models(models, specs)
-    results = run_methods(specs, records, models, hf_models, config, args.repeats, progress=not args.quiet)
+    results = run_methods(
+        specs, records, models, hf_models, config, args.repeats, progress=not args.quiet
+    )
     rows = summarize(results, config.sampling.greedy)
     bandwidth = memory_bandwidth_gbs()
     rooflines = {}
@@ -186,15 +231,24 @@ def cmd_bench(args: argparse.Namespace) -> int:
         model = getattr(models, role)
         if model is not None and hasattr(model.runner, "streamed_bytes"):
             size = model.runner.streamed_bytes
-            rooflines[role] = {"streamed_bytes": size, "roofline_ms_per_token": size / bandwidth / 1e6}
+            rooflines[role] = {
+                "streamed_bytes": size,
+                "roofline_ms_per_token": size / bandwidth / 1e6,
+            }
     document = {
         "machine": {**machine_info(), "memory_bandwidth_gbs": bandwidth},
         "rooflines": rooflines,
         "config": {
-            "target": args.target, "draft": draft, "dtype": str(models.target.runner.dtype),
-            "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
-            "repeats": args.repeats, "prompts": args.prompts, "limit": args.limit,
-            "max_turns": args.max_turns, "methods": [s.text for s in specs],
+            "target": args.target,
+            "draft": draft,
+            "dtype": str(models.target.runner.dtype),
+            "max_new_tokens": args.max_new_tokens,
+            "temperature": args.temperature,
+            "repeats": args.repeats,
+            "prompts": args.prompts,
+            "limit": args.limit,
+            "max_turns": args.max_turns,
+            "methods": [s.text for s in specs],
         },
         "results": rows,
     }
@@ -217,16 +271,28 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--prompt", help="one user message")
     generate.add_argument("--prompts-file", help="JSONL with question_id and turns")
     generate.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    generate.add_argument("--json", action="store_true", help="one JSON object per prompt on stdout")
+    generate.add_argument(
+        "--json", action="store_true", help="one JSON object per prompt on stdout"
+    )
     generate.set_defaults(run=cmd_generate)
 
-    bench = commands.add_parser("bench", help="compare methods against plain decoding on prompt files")
+    bench = commands.add_parser(
+        "bench", help="compare methods against plain decoding on prompt files"
+    )
     add_model_arguments(bench)
-    bench.add_argument("--prompts", action="append", default=[], help="JSONL prompt file (repeatable)")
+    bench.add_argument(
+        "--prompts", action="append", default=[], help="JSONL prompt file (repeatable)"
+    )
     bench.add_argument("--limit", type=int, default=None, help="first N prompts per category")
-    bench.add_argument("--max-turns", type=int, default=None, help="answer at most N turns per prompt")
-    bench.add_argument("--method", action="append", default=[],
-                       help="NAME[:key=value,...]: ar, sd, hf, hf-assisted, hf-pld (repeatable)")
+    bench.add_argument(
+        "--max-turns", type=int, default=None, help="answer at most N turns per prompt"
+    )
+    bench.add_argument(
+        "--method",
+        action="append",
+        default=[],
+        help="NAME[:key=value,...]: ar, sd, hf, hf-assisted, hf-pld (repeatable)",
+    )
     bench.add_argument("--repeats", type=int, default=1)
     bench.add_argument("--batch-size", type=int, default=1)
     bench.add_argument("--json-out", help="write the JSON report here too")

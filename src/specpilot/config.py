@@ -29,7 +29,9 @@ class SamplingConfig:
     """Keep the smallest set of tokens whose probability reaches top_p; 1.0 keeps all."""
 
     def __post_init__(self) -> None:
-        require(self.temperature >= 0, f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        require(
+            self.temperature >= 0, f"temperature must be >= 0 (0 = greedy), got {self.temperature}"
+        )
         require(self.top_k >= 0, f"top_k must be >= 0 (0 = no top-k filter), got {self.top_k}")
         require(0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}")
 

@@ -2,8 +2,8 @@
 
 The native format is Spec-Bench/MT-Bench JSONL: one object per line with `question_id`,
 optional `category`, and `turns` (a list of user messages); the other prompt sets in
-`shared/data` (HumanEval, GSM8K, Alpaca, ShareGPT) are read too. Multi-turn prompts are answered turn
-by turn, each answer fed back as the assistant turn before the next user turn.
+`shared/data` (HumanEval, GSM8K, Alpaca, ShareGPT) are read too. Multi-turn prompts are answered
+turn by turn, each answer fed back as the assistant turn before the next user turn.
 """
 
 from __future__ import annotations
@@ -48,7 +48,9 @@ def _turns_of(row: dict) -> list[str] | None:
     if "turns" in row:
         return row["turns"]
     if "conversations" in row:  # ShareGPT: the first user turn
-        human = [m.get("value", "") for m in row["conversations"] if m.get("from") in ("human", "user")]
+        human = [
+            m.get("value", "") for m in row["conversations"] if m.get("from") in ("human", "user")
+        ]
         return human[:1] or None
     if "instruction" in row:  # Alpaca / AlpacaEval
         extra = row.get("input") or ""
@@ -70,11 +72,14 @@ def read_prompts_file(path: str | Path) -> list[PromptRecord]:
         turns = _turns_of(row)
         if not turns or not all(isinstance(t, str) and t.strip() for t in turns):
             raise PromptError(
-                f"{path}: record {index + 1} has no usable prompt: expected non-empty 'turns' (a list "
+                f"{path}: record {index + 1} has no usable prompt: expected non-empty 'turns' "
+                "(a list "
                 "of strings), 'prompt', 'question', 'instruction' or 'conversations'"
             )
         question_id = row.get("question_id", row.get("task_id", row.get("id", index)))
-        records.append(PromptRecord(question_id, tuple(turns), row.get("category", default_category)))
+        records.append(
+            PromptRecord(question_id, tuple(turns), row.get("category", default_category))
+        )
     if not records:
         raise PromptError(f"{path}: no prompts in the file")
     return records

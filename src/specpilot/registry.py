@@ -28,7 +28,11 @@ DRAFTER_OPTIONS = {"model": {"draft_vocab"}, "ngram": {"max_ngram", "min_ngram"}
 
 def _convert(cls, options: dict[str, Any]) -> dict[str, Any]:
     """Cast string option values to the dataclass field types of `cls`."""
-    names = {f.name for f in dataclasses.fields(cls) if f.init} if dataclasses.is_dataclass(cls) else set()
+    names = (
+        {f.name for f in dataclasses.fields(cls) if f.init}
+        if dataclasses.is_dataclass(cls)
+        else set()
+    )
     hints = typing.get_type_hints(cls)
     converted = {}
     for key, value in options.items():
@@ -39,7 +43,9 @@ def _convert(cls, options: dict[str, Any]) -> dict[str, Any]:
         try:
             converted[key] = kind(value) if isinstance(value, str) else value
         except ValueError:
-            raise ConfigError(f"option {key}={value!r} of {cls.__name__} must be a {kind.__name__}") from None
+            raise ConfigError(
+                f"option {key}={value!r} of {cls.__name__} must be a {kind.__name__}"
+            ) from None
     return converted
 
 

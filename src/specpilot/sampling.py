@@ -44,7 +44,9 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
     return int(torch.multinomial(probs, 1, generator=generator).item())
 
 
-def choose_token(logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator | None) -> int:
+def choose_token(
+    logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator | None
+) -> int:
     """The next token from [vocab] logits: argmax when greedy, else a seeded sample."""
     if sampling.greedy:
         return int(logits.argmax(-1).item())

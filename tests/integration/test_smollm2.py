@@ -39,7 +39,7 @@ def plain_outputs(models):
 )
 def test_speculative_equals_plain_greedy(models, plain_outputs, drafter, policy, options):
     engine = build_engine(models, drafter=drafter, policy=policy, **options)
-    for prompt, expected in zip(PROMPTS, plain_outputs):
+    for prompt, expected in zip(PROMPTS, plain_outputs, strict=False):
         result = engine.generate(prompt, GenerationConfig(max_new_tokens=MAX_NEW))
         assert result.token_ids == expected
         assert result.stats.steps <= len(expected)

@@ -33,14 +33,20 @@ REJECT_P = 1e-6  # a broken one must give a p-value below this
 
 def random_rows(rows: int, seed: int, sampling: SamplingConfig | None = None) -> torch.Tensor:
     """[rows, VOCAB] float64 distributions: logits_to_probs of random logits."""
-    logits = torch.randn(rows, VOCAB, generator=torch.Generator().manual_seed(seed),
-                         dtype=torch.float64)
+    logits = torch.randn(
+        rows, VOCAB, generator=torch.Generator().manual_seed(seed), dtype=torch.float64
+    )
     return logits_to_probs(logits, sampling or SamplingConfig(temperature=1.0))
 
 
 def sample_output_prefix(
-    verifier: Verifier, target_rows: torch.Tensor, draft: torch.Tensor | list[int], k: int,
-    length: int, seed: int, n: int = N,
+    verifier: Verifier,
+    target_rows: torch.Tensor,
+    draft: torch.Tensor | list[int],
+    k: int,
+    length: int,
+    seed: int,
+    n: int = N,
 ) -> np.ndarray:
     """Counts over VOCAB**length cells of the first `length` output tokens in n runs.
 
@@ -99,8 +105,13 @@ def chi_square_pvalue(counts: np.ndarray, probs: np.ndarray) -> float:
 
 
 def fit(
-    verifier: Verifier, target_probs: torch.Tensor, draft, k: int, length: int = 1,
-    seed: int = 0, verifier_rows: torch.Tensor | None = None,
+    verifier: Verifier,
+    target_probs: torch.Tensor,
+    draft,
+    k: int,
+    length: int = 1,
+    seed: int = 0,
+    verifier_rows: torch.Tensor | None = None,
 ) -> float:
     """p-value of the first `length` emitted tokens against the target's distribution
     (`verifier_rows`, e.g. logits, replace target_probs as the verifier's input when given)."""

@@ -48,7 +48,9 @@ def exact_two_token_distribution(model, sampling: SamplingConfig) -> torch.Tenso
 def chi_square_pvalue(engine: SpeculativeEngine, expected: torch.Tensor, sampling) -> float:
     counts = torch.zeros(VOCAB * VOCAB)
     for seed in range(TRIALS):
-        tokens = engine.generate(PROMPT, GenerationConfig(max_new_tokens=2, sampling=sampling, seed=seed)).token_ids
+        tokens = engine.generate(
+            PROMPT, GenerationConfig(max_new_tokens=2, sampling=sampling, seed=seed)
+        ).token_ids
         counts[tokens[0] * VOCAB + tokens[1]] += 1
     expected_counts = expected * TRIALS
     keep = expected_counts >= 5  # pool rare cells so the chi-square approximation holds
@@ -56,16 +58,24 @@ def chi_square_pvalue(engine: SpeculativeEngine, expected: torch.Tensor, samplin
     wanted = torch.cat([expected_counts[keep], expected_counts[~keep].sum().reshape(1)])
     if wanted[-1] == 0:
         observed, wanted = observed[:-1], wanted[:-1]
-    return float(chisquare(observed.numpy(), wanted.numpy() * observed.sum().item() / wanted.sum().item()).pvalue)
+    return float(
+        chisquare(
+            observed.numpy(), wanted.numpy() * observed.sum().item() / wanted.sum().item()
+        ).pvalue
+    )
 
 
 def make_engine(target, drafter_kind: str) -> SpeculativeEngine:
     if drafter_kind == "ngram":
         drafter = NgramDrafter()
     else:  # "model-subvocab" drafts from ids 0..5 only: q is zero on ids 6 and 7
-        vocabulary = DraftVocabulary(torch.arange(6), VOCAB) if drafter_kind == "model-subvocab" else None
+        vocabulary = (
+            DraftVocabulary(torch.arange(6), VOCAB) if drafter_kind == "model-subvocab" else None
+        )
         drafter = ModelDrafter(DecoderRunner(perturbed(target, 1.0)), vocabulary)
-    return SpeculativeEngine(DecoderRunner(target), TinyTokenizer(), drafter, ConstantPolicy(2), eos_ids=set())
+    return SpeculativeEngine(
+        DecoderRunner(target), TinyTokenizer(), drafter, ConstantPolicy(2), eos_ids=set()
+    )
 
 
 SAMPLINGS = [SamplingConfig(temperature=1.0), SamplingConfig(temperature=0.8, top_k=5, top_p=0.9)]

@@ -36,8 +36,12 @@ TOL = 1e-12
 def markov_chain(vocab: int, seed: int, sampling: SamplingConfig | None = None) -> torch.Tensor:
     """[vocab, vocab] random transition matrix: row `prev` is the distribution of the next token,
     logits_to_probs(random logits, sampling) (plain softmax when sampling is None)."""
-    logits = torch.randn(vocab, vocab, generator=torch.Generator().manual_seed(seed),
-                         dtype=torch.float64) * 1.5
+    logits = (
+        torch.randn(
+            vocab, vocab, generator=torch.Generator().manual_seed(seed), dtype=torch.float64
+        )
+        * 1.5
+    )
     return logits_to_probs(logits, sampling or SamplingConfig(temperature=1.0))
 
 
@@ -77,7 +81,10 @@ class Drafter:
 
 
 def step_distribution(
-    target: torch.Tensor, drafter: Drafter, start: int, k: int,
+    target: torch.Tensor,
+    drafter: Drafter,
+    start: int,
+    k: int,
     residual: Residual = residual_distribution,
 ) -> dict[Block, float]:
     """Exact distribution of the block one speculative step emits from a context ending in
@@ -102,8 +109,12 @@ def step_distribution(
 
 
 def output_prefix_distribution(
-    target: torch.Tensor, drafter: Drafter, start: int, length: int,
-    k_of: Callable[[int], int], residual: Residual = residual_distribution,
+    target: torch.Tensor,
+    drafter: Drafter,
+    start: int,
+    length: int,
+    k_of: Callable[[int], int],
+    residual: Residual = residual_distribution,
 ) -> dict[Block, float]:
     """Exact distribution of the first `length` output tokens of speculative decoding from
     `start`, chaining steps; the step from context token s drafts k_of(s) tokens."""
@@ -148,8 +159,9 @@ def max_error(got: dict[Block, float], expected: dict[Block, float]) -> float:
     return max(abs(got.get(key, 0.0) - expected.get(key, 0.0)) for key in keys)
 
 
-def assert_lossless(target: torch.Tensor, drafter: Drafter, k_of: Callable[[int], int],
-                    max_length: int = 3) -> None:
+def assert_lossless(
+    target: torch.Tensor, drafter: Drafter, k_of: Callable[[int], int], max_length: int = 3
+) -> None:
     """For every start token and output lengths 1..max_length, the speculative distribution
     equals the target's to TOL; every single step's block distribution sums to 1."""
     vocab = target.shape[-1]

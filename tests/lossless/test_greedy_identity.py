@@ -32,7 +32,10 @@ def target_model():
 def reference(target_model):
     """Plain greedy continuations (no EOS stop, so they are long enough to script drafters)."""
     engine = SpeculativeEngine(DecoderRunner(target_model), TinyTokenizer(), eos_ids=set())
-    return {tuple(p): engine.generate(p, GenerationConfig(max_new_tokens=MAX_NEW + 8)).token_ids for p in PROMPTS}
+    return {
+        tuple(p): engine.generate(p, GenerationConfig(max_new_tokens=MAX_NEW + 8)).token_ids
+        for p in PROMPTS
+    }
 
 
 class ScriptedDrafter:
@@ -46,7 +49,9 @@ class ScriptedDrafter:
         pass
 
     def propose(self, sequence, budget, policy, sampling, generator):
-        assert sequence == self.full[: len(sequence)], "engine committed a token plain decoding would not"
+        assert sequence == self.full[: len(sequence)], (
+            "engine committed a token plain decoding would not"
+        )
         truth = self.full[len(sequence) : len(sequence) + budget]
         tokens = [t if i < self.right else (t + 1) % self.vocab for i, t in enumerate(truth)]
         return Proposal(tokens)
@@ -67,7 +72,9 @@ def make_drafter(kind: str, target_model):
 @pytest.mark.parametrize("drafter_kind", ["model", "model-subvocab", "ngram"])
 def test_drafters_match_plain_greedy(target_model, reference, policy, drafter_kind):
     drafter = make_drafter(drafter_kind, target_model)
-    engine = SpeculativeEngine(DecoderRunner(target_model), TinyTokenizer(), drafter, policy, eos_ids=set())
+    engine = SpeculativeEngine(
+        DecoderRunner(target_model), TinyTokenizer(), drafter, policy, eos_ids=set()
+    )
     accepted = 0
     for prompt in PROMPTS:
         result = engine.generate(prompt, GenerationConfig(max_new_tokens=MAX_NEW))
@@ -83,11 +90,15 @@ def test_drafters_match_plain_greedy(target_model, reference, policy, drafter_ki
 def test_scripted_partial_acceptance(target_model, reference, right, k):
     prompt = PROMPTS[0]
     drafter = ScriptedDrafter(prompt, reference[tuple(prompt)], right)
-    engine = SpeculativeEngine(DecoderRunner(target_model), TinyTokenizer(), drafter, ConstantPolicy(k), eos_ids=set())
+    engine = SpeculativeEngine(
+        DecoderRunner(target_model), TinyTokenizer(), drafter, ConstantPolicy(k), eos_ids=set()
+    )
     result = engine.generate(prompt, GenerationConfig(max_new_tokens=MAX_NEW))
     assert result.token_ids == reference[tuple(prompt)][:MAX_NEW]
     expected_accepted = min(right, k)
-    assert all(r.num_accepted == min(expected_accepted, r.num_drafted) for r in result.stats.records)
+    assert all(
+        r.num_accepted == min(expected_accepted, r.num_drafted) for r in result.stats.records
+    )
 
 
 @pytest.mark.parametrize("k", [2, 5])
@@ -99,7 +110,9 @@ def test_eos_inside_a_draft(target_model, reference, k):
     expected = plain.generate(prompt, GenerationConfig(max_new_tokens=MAX_NEW))
     assert expected.finish_reason == "eos" and expected.token_ids[-1] == eos
     drafter = ScriptedDrafter(prompt, continuation, right=99)  # always right: EOS lands mid-draft
-    engine = SpeculativeEngine(DecoderRunner(target_model), TinyTokenizer(), drafter, ConstantPolicy(k), eos_ids={eos})
+    engine = SpeculativeEngine(
+        DecoderRunner(target_model), TinyTokenizer(), drafter, ConstantPolicy(k), eos_ids={eos}
+    )
     result = engine.generate(prompt, GenerationConfig(max_new_tokens=MAX_NEW))
     assert result.token_ids == expected.token_ids
     assert result.finish_reason == "eos"
@@ -109,7 +122,9 @@ def test_eos_inside_a_draft(target_model, reference, k):
 def test_max_length_mid_draft(target_model, reference, max_new):
     prompt = PROMPTS[0]
     drafter = ScriptedDrafter(prompt, reference[tuple(prompt)], right=99)
-    engine = SpeculativeEngine(DecoderRunner(target_model), TinyTokenizer(), drafter, ConstantPolicy(5), eos_ids=set())
+    engine = SpeculativeEngine(
+        DecoderRunner(target_model), TinyTokenizer(), drafter, ConstantPolicy(5), eos_ids=set()
+    )
     result = engine.generate(prompt, GenerationConfig(max_new_tokens=max_new))
     assert result.token_ids == reference[tuple(prompt)][:max_new]
     assert result.stats.new_tokens == max_new
@@ -119,7 +134,9 @@ def test_stop_string_cuts_text(target_model, reference):
     prompt = PROMPTS[0]
     continuation = reference[tuple(prompt)]
     stop = f" t{continuation[4]}"
-    engine = SpeculativeEngine(DecoderRunner(target_model), TinyTokenizer(), NgramDrafter(), eos_ids=set())
+    engine = SpeculativeEngine(
+        DecoderRunner(target_model), TinyTokenizer(), NgramDrafter(), eos_ids=set()
+    )
     result = engine.generate(prompt, GenerationConfig(max_new_tokens=MAX_NEW, stop_strings=(stop,)))
     first = next(i for i, t in enumerate(continuation) if f" t{t}" == stop)
     assert result.finish_reason == "stop"
@@ -139,6 +156,10 @@ def test_cache_after_generation_equals_fresh_prefill(target_model, reference):
     fresh = DecoderRunner(target_model)
     fresh.forward(sequence[:-1], logits="none")
     n = len(sequence) - 1
-    torch.testing.assert_close(runner.k_cache[:, :, :n], fresh.k_cache[:, :, :n], rtol=1e-4, atol=1e-5)
-    torch.testing.assert_close(runner.v_cache[:, :, :n], fresh.v_cache[:, :, :n], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(
+        runner.k_cache[:, :, :n], fresh.k_cache[:, :, :n], rtol=1e-4, atol=1e-5
+    )
+    torch.testing.assert_close(
+        runner.v_cache[:, :, :n], fresh.v_cache[:, :, :n], rtol=1e-4, atol=1e-5
+    )
     assert drafter.runner.length == len(drafter.cached)

@@ -30,26 +30,67 @@ def folders(tmp_path_factory):
 
 def bench(capsys, folders, *extra):
     target, draft, prompts = folders
-    code = main(["bench", "--target", str(target), "--draft", str(draft), "--prompts", str(prompts),
-                 "--dtype", "float32", "--max-new-tokens", "12", "--quiet", *extra])
+    code = main(
+        [
+            "bench",
+            "--target",
+            str(target),
+            "--draft",
+            str(draft),
+            "--prompts",
+            str(prompts),
+            "--dtype",
+            "float32",
+            "--max-new-tokens",
+            "12",
+            "--quiet",
+            *extra,
+        ]
+    )
     captured = capsys.readouterr()
     return code, captured.out, captured.err
 
 
 def test_report_schema_and_baseline(capsys, folders, tmp_path):
     out_file = tmp_path / "report.json"
-    code, out, _ = bench(capsys, folders, "--method", "sd:k=3", "--method", "sd:drafter=ngram",
-                         "--method", "hf", "--method", "hf-assisted:schedule=constant,k=3",
-                         "--repeats", "2", "--json-out", str(out_file))
+    code, out, _ = bench(
+        capsys,
+        folders,
+        "--method",
+        "sd:k=3",
+        "--method",
+        "sd:drafter=ngram",
+        "--method",
+        "hf",
+        "--method",
+        "hf-assisted:schedule=constant,k=3",
+        "--repeats",
+        "2",
+        "--json-out",
+        str(out_file),
+    )
     assert code == 0
     document = json.loads(out.strip().splitlines()[-1])
     assert document == json.loads(out_file.read_text())
     assert {"machine", "config", "results"} <= set(document)
     methods = {row["method"] for row in document["results"]}
-    assert methods == {"ar", "sd:k=3", "sd:drafter=ngram", "hf", "hf-assisted:schedule=constant,k=3"}
+    assert methods == {
+        "ar",
+        "sd:k=3",
+        "sd:drafter=ngram",
+        "hf",
+        "hf-assisted:schedule=constant,k=3",
+    }
     for row in document["results"]:
-        for key in ("tokens_per_s", "speedup", "mean_accepted_tokens", "acceptance_rate",
-                    "greedy_mismatches", "prompts", "category"):
+        for key in (
+            "tokens_per_s",
+            "speedup",
+            "mean_accepted_tokens",
+            "acceptance_rate",
+            "greedy_mismatches",
+            "prompts",
+            "category",
+        ):
             assert key in row
         assert len(row["tokens_per_s_repeats"]) == 2
     by_key = {(r["method"], r["category"]): r for r in document["results"]}
@@ -72,7 +113,9 @@ def test_identity_check_catches_a_lossy_method(capsys, folders, tmp_path, monkey
     monkeypatch.setattr(speculative, "verify", accept_everything)  # `ar` drafts nothing: unaffected
     code, out, _ = bench(capsys, (target, other_draft, prompts), "--method", "sd:k=3")
     assert code == 0
-    rows = {(r["method"], r["category"]): r for r in json.loads(out.strip().splitlines()[-1])["results"]}
+    rows = {
+        (r["method"], r["category"]): r for r in json.loads(out.strip().splitlines()[-1])["results"]
+    }
     assert rows[("sd:k=3", "all")]["greedy_mismatches"] > 0
     assert rows[("sd:k=3", "all")]["divergences"][0]["position"] >= 0
     assert rows[("ar", "all")]["greedy_mismatches"] == 0

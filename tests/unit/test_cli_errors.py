@@ -24,8 +24,9 @@ def run_cli(capsys, *argv):
 
 def test_unknown_model_exits_nonzero(capsys, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    code, err = run_cli(capsys, "generate", "--target", "no-such-model-xyz", "--drafter", "none",
-                        "--prompt", "hi")
+    code, err = run_cli(
+        capsys, "generate", "--target", "no-such-model-xyz", "--drafter", "none", "--prompt", "hi"
+    )
     assert code == 2
     assert "unknown model 'no-such-model-xyz'" in err
 
@@ -44,7 +45,9 @@ def test_unknown_model_exits_nonzero(capsys, monkeypatch):
 )
 def test_invalid_config_values(capsys, argv, message, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    code, err = run_cli(capsys, "generate", "--prompt", "hi", "--target", "/nonexistent/x.gguf", *argv)
+    code, err = run_cli(
+        capsys, "generate", "--prompt", "hi", "--target", "/nonexistent/x.gguf", *argv
+    )
     assert code == 2
     assert message in err
 
@@ -87,7 +90,9 @@ def test_empty_and_too_long_prompts():
 
 
 def test_generation_stops_at_context_end():
-    engine = SpeculativeEngine(DecoderRunner(tiny_model(), max_length=32), TinyTokenizer(), eos_ids=set())
+    engine = SpeculativeEngine(
+        DecoderRunner(tiny_model(), max_length=32), TinyTokenizer(), eos_ids=set()
+    )
     result = engine.generate(list(range(3, 23)), GenerationConfig(max_new_tokens=50))
     assert result.finish_reason == "length"
     assert 20 + len(result.token_ids) == 32

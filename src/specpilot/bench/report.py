@@ -42,14 +42,29 @@ def _fmt(value, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
+COLUMNS = [  # (header, row key, width, format)
+    ("method", "method", 44, "s"),
+    ("category", "category", 12, "s"),
+    ("n", "prompts", 3, "d"),
+    ("tok/s", "tokens_per_s", 7, ".2f"),
+    ("speedup", "speedup", 7, ".2f"),
+    ("MAT", "mean_accepted_tokens", 5, ".2f"),
+    ("acc", "acceptance_rate", 5, ".2f"),
+    ("draft s", "draft_s", 8, ".1f"),
+    ("verify s", "verify_s", 8, ".1f"),
+    ("mism", "greedy_mismatches", 4, "d"),
+]
+
+
 def table(rows: list[dict]) -> str:
-    header = f"{'method':44s} {'category':12s} {'n':>3s} {'tok/s':>7s} {'speedup':>7s} {'MAT':>5s} {'acc':>5s} {'draft s':>8s} {'verify s':>8s} {'mism':>4s}"
+    """Fixed-width text table; '-' where a value does not apply (e.g. MAT of plain decoding)."""
+    header = " ".join(f"{name:>{width}s}" for name, _, width, _ in COLUMNS)
     lines = [header, "-" * len(header)]
     for row in rows:
-        lines.append(
-            f"{row['method'][:44]:44s} {row['category'][:12]:12s} {row['prompts']:3d} "
-            f"{row['tokens_per_s']:7.2f} {_fmt(row['speedup'], '7.2f')} {_fmt(row['mean_accepted_tokens'], '5.2f')} "
-            f"{_fmt(row['acceptance_rate'], '5.2f')} {_fmt(row['draft_s'], '8.1f')} {_fmt(row['verify_s'], '8.1f')} "
-            f"{_fmt(row['greedy_mismatches'], '4d')}"
-        )
+        cells = []
+        for _, key, width, spec in COLUMNS:
+            value = row[key]
+            text = str(value)[:width] if spec == "s" else _fmt(value, spec)
+            cells.append(f"{text:<{width}s}" if spec == "s" else f"{text:>{width}s}")
+        lines.append(" ".join(cells))
     return "\n".join(lines)

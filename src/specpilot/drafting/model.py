@@ -25,7 +25,9 @@ class ModelDrafter:
     def __init__(self, runner: CausalRunner, vocabulary: DraftVocabulary | None = None):
         """`vocabulary`: score only these ids (needs a runner with `run`/`logits_from_hidden`)."""
         if vocabulary is not None and not hasattr(runner, "logits_from_hidden"):
-            raise ConfigError("a reduced draft vocabulary needs the lean decoder backend (Llama/Qwen2 family)")
+            raise ConfigError(
+                "a reduced draft vocabulary needs the lean decoder backend (Llama/Qwen2 family)"
+            )
         self.runner = runner
         self.vocabulary = vocabulary
         self.head = None if vocabulary is None else vocabulary.head(runner.lm_head)

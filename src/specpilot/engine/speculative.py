@@ -81,8 +81,12 @@ class SpeculativeEngine:
         self._check_prompt(prompt_ids)
         sampling = config.sampling
         generator = torch.Generator().manual_seed(config.seed)
-        stopper = StopChecker(self.eos_ids if config.stop_on_eos else frozenset(),
-                              config.stop_strings, config.max_new_tokens, self.tokenizer.decode)
+        stopper = StopChecker(
+            self.eos_ids if config.stop_on_eos else frozenset(),
+            config.stop_strings,
+            config.max_new_tokens,
+            self.tokenizer.decode,
+        )
         stats = GenerationStats()
         start = time.perf_counter()
         self.target.reset()
@@ -96,19 +100,25 @@ class SpeculativeEngine:
         generated: list[int] = []
         reason = None
         while reason is None:
-            room = min(config.max_new_tokens - len(generated), self.target.max_length - len(sequence) + 1)
+            room = min(
+                config.max_new_tokens - len(generated), self.target.max_length - len(sequence) + 1
+            )
             if room <= 0:
                 reason = "length"
                 break
             budget = min(self.draft_policy.draft_budget(), room - 1)
             proposal = Proposal([])
             if self.drafter is not None and budget > 0:
-                proposal = self.drafter.propose(sequence, budget, self.draft_policy, sampling, generator)
+                proposal = self.drafter.propose(
+                    sequence, budget, self.draft_policy, sampling, generator
+                )
             num_drafted = proposal.k
             proposal = proposal.truncated(self.verify_policy.select(proposal))
             verify_start = time.perf_counter()
             target_logits = self.target.forward([sequence[-1], *proposal.tokens])  # [k + 1, vocab]
-            result = verify(proposal.tokens, proposal.draft_probs, target_logits, sampling, generator)
+            result = verify(
+                proposal.tokens, proposal.draft_probs, target_logits, sampling, generator
+            )
             emitted = result.emitted(proposal.tokens)
             checked = len(generated)
             generated.extend(emitted)
@@ -144,7 +154,7 @@ class SpeculativeEngine:
             raise PromptError("the prompt is empty: give at least one token of input")
         if len(prompt_ids) >= self.target.max_length:
             raise PromptError(
-                f"the prompt has {len(prompt_ids)} tokens but the context holds {self.target.max_length}: "
+                f"the prompt has {len(prompt_ids)} tokens but the context holds "
+                f"{self.target.max_length}: "
                 "shorten the prompt or load the model with a larger max_length"
             )
-

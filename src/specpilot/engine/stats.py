@@ -72,7 +72,10 @@ class GenerationStats:
     @property
     def acceptance_by_position(self) -> list[float]:
         """Probability that drafted position i is accepted, given that it was verified."""
-        return [a / d if d else 0.0 for a, d in zip(self.accepted_per_position, self.drafted_per_position)]
+        return [
+            a / d if d else 0.0
+            for a, d in zip(self.accepted_per_position, self.drafted_per_position, strict=False)
+        ]
 
     def summary(self) -> dict:
         """JSON-friendly numbers (no per-step records)."""

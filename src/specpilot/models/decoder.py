@@ -148,7 +148,11 @@ class DecoderRunner:
         qkv = _linear(x, layer.qkv, layer.qkv_bias)
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         q = qkv[:, :q_size].view(n, self.num_heads, self.head_dim).transpose(0, 1)
-        k = qkv[:, q_size : q_size + kv_size].view(n, self.num_kv_heads, self.head_dim).transpose(0, 1)
+        k = (
+            qkv[:, q_size : q_size + kv_size]
+            .view(n, self.num_kv_heads, self.head_dim)
+            .transpose(0, 1)
+        )
         v = qkv[:, q_size + kv_size :].view(n, self.num_kv_heads, self.head_dim).transpose(0, 1)
         q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)
         end = start + n
@@ -159,7 +163,9 @@ class DecoderRunner:
         group = self.num_heads // self.num_kv_heads
         grouped_q = q.reshape(self.num_kv_heads, group * n, self.head_dim)
         out = F.scaled_dot_product_attention(
-            grouped_q[None], self.k_cache[i, :, :end][None], self.v_cache[i, :, :end][None],
+            grouped_q[None],
+            self.k_cache[i, :, :end][None],
+            self.v_cache[i, :, :end][None],
             attn_mask=None if mask is None else mask.repeat(group, 1),
         )  # [1, kv_heads, group * n, head_dim]
         out = out[0].reshape(self.num_heads, n, self.head_dim).transpose(0, 1).reshape(n, q_size)
@@ -167,11 +173,15 @@ class DecoderRunner:
 
     def _layer(self, i: int, x, start: int, cos, sin, mask) -> torch.Tensor:
         layer = self.layers[i]
-        x = x + self._attention(i, layer, self._rms_norm(x, layer.input_norm), start, cos, sin, mask)
+        x = x + self._attention(
+            i, layer, self._rms_norm(x, layer.input_norm), start, cos, sin, mask
+        )
         gate, up = _linear(self._rms_norm(x, layer.post_norm), layer.gate_up, None).chunk(2, dim=-1)
         return x + _linear(F.silu(gate) * up, layer.down, None)
 
-    def logits_from_hidden(self, hidden: torch.Tensor, head: torch.Tensor | None = None) -> torch.Tensor:
+    def logits_from_hidden(
+        self, hidden: torch.Tensor, head: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """[rows, hidden] last-layer output → [rows, vocab] float32 logits (`head`: other LM-head
         rows, e.g. a reduced draft vocabulary)."""
         head = self.lm_head if head is None else head
@@ -207,7 +217,9 @@ class DecoderRunner:
         n = x.shape[0]
         start = self.lengths[start_layer]
         if any(self.lengths[i] != start for i in range(start_layer, end_layer)):
-            raise RuntimeError(f"layers {start_layer}..{end_layer - 1} hold different lengths: {self.lengths}")
+            raise RuntimeError(
+                f"layers {start_layer}..{end_layer - 1} hold different lengths: {self.lengths}"
+            )
         if start + n > self.max_length:
             raise PromptError(
                 f"sequence of {start + n} tokens exceeds the context of {self.max_length}; "
@@ -234,7 +246,9 @@ class DecoderRunner:
         if n == 1 and tree_mask is None:
             return None
         local = tree_mask if tree_mask is not None else torch.ones(n, n, dtype=torch.bool).tril()
-        allowed = torch.cat([torch.ones(n, start, dtype=torch.bool), local.to(torch.bool).cpu()], dim=1)
+        allowed = torch.cat(
+            [torch.ones(n, start, dtype=torch.bool), local.to(torch.bool).cpu()], dim=1
+        )
         mask = torch.zeros(allowed.shape, dtype=self.dtype)
         return mask.masked_fill_(~allowed, float("-inf")).to(self.device)
 

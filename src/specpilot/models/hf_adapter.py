@@ -51,8 +51,11 @@ class HFRunner:
         positions = torch.arange(self._length, self._length + n, device=self.device)
         keep = {"all": 0, "last": 1, "none": 1}[logits]
         out = self.model(
-            input_ids=ids, past_key_values=self.cache, use_cache=True,
-            cache_position=positions, logits_to_keep=keep,
+            input_ids=ids,
+            past_key_values=self.cache,
+            use_cache=True,
+            cache_position=positions,
+            logits_to_keep=keep,
         )
         self.cache = out.past_key_values
         self._length += n

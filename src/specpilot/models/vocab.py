@@ -20,7 +20,10 @@ from specpilot.config import require
 class DraftVocabulary:
     def __init__(self, token_ids: torch.Tensor, full_size: int):
         ids = torch.unique(token_ids.long())
-        require(len(ids) > 0 and int(ids[-1]) < full_size, "draft vocabulary ids must lie in the model's vocabulary")
+        require(
+            len(ids) > 0 and int(ids[-1]) < full_size,
+            "draft vocabulary ids must lie in the model's vocabulary",
+        )
         self.token_ids = ids  # [subset], sorted
         self.full_size = full_size
         self._ids_list = ids.tolist()
@@ -29,9 +32,13 @@ class DraftVocabulary:
     def first_ids(cls, size: int, tokenizer, full_size: int) -> DraftVocabulary:
         """The `size` lowest ids plus all special tokens."""
         require(size >= 1, f"draft vocabulary size must be >= 1, got {size}")
-        special = [i for i in getattr(tokenizer, "all_special_ids", []) if i is not None and i < full_size]
+        special = [
+            i for i in getattr(tokenizer, "all_special_ids", []) if i is not None and i < full_size
+        ]
         added = [i for i in getattr(tokenizer, "added_tokens_decoder", {}) if i < full_size]
-        ids = torch.cat([torch.arange(min(size, full_size)), torch.tensor(special + added, dtype=torch.long)])
+        ids = torch.cat(
+            [torch.arange(min(size, full_size)), torch.tensor(special + added, dtype=torch.long)]
+        )
         return cls(ids, full_size)
 
     def __len__(self) -> int:

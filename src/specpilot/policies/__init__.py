@@ -4,4 +4,11 @@ from specpilot.policies.base import DraftPolicy, DraftToken, VerifyPolicy
 from specpilot.policies.draft import ConstantPolicy, HeuristicPolicy
 from specpilot.policies.verify import VerifyAll
 
-__all__ = ["ConstantPolicy", "DraftPolicy", "DraftToken", "HeuristicPolicy", "VerifyAll", "VerifyPolicy"]
+__all__ = [
+    "ConstantPolicy",
+    "DraftPolicy",
+    "DraftToken",
+    "HeuristicPolicy",
+    "VerifyAll",
+    "VerifyPolicy",
+]

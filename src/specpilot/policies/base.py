@@ -18,7 +18,7 @@ from specpilot.types import Proposal, StepRecord
 
 @dataclass(frozen=True)
 class DraftToken:
-    """A token just drafted, with the draft logits it was chosen from (None for model-free drafters)."""
+    """A token just drafted, with the draft logits it was chosen from (None if model-free)."""
 
     index: int
     token: int

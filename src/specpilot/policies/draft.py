@@ -45,8 +45,11 @@ class HeuristicPolicy:
     k: int = field(init=False)
 
     def __post_init__(self) -> None:
-        require(1 <= self.min_k <= self.initial_k <= self.max_k,
-                f"need 1 <= min_k <= initial_k <= max_k, got {self.min_k}, {self.initial_k}, {self.max_k}")
+        require(
+            1 <= self.min_k <= self.initial_k <= self.max_k,
+            "need 1 <= min_k <= initial_k <= max_k, "
+            f"got {self.min_k}, {self.initial_k}, {self.max_k}",
+        )
         require(self.increase >= 0 and self.decrease >= 0, "increase and decrease must be >= 0")
         self.k = self.initial_k
 

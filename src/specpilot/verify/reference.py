@@ -39,5 +39,7 @@ def reference_verify_sampling(
             residual[v] = max(float(target_probs[i, v]) - q_v, 0.0)
         if residual.sum() <= 0:
             residual = target_probs[i].clone()
-        return VerifyResult(i, int(torch.multinomial(residual / residual.sum(), 1, generator=generator)))
+        return VerifyResult(
+            i, int(torch.multinomial(residual / residual.sum(), 1, generator=generator))
+        )
     return VerifyResult(k, int(torch.multinomial(target_probs[k], 1, generator=generator)))

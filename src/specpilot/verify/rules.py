@@ -23,7 +23,10 @@ def verify_greedy(draft_tokens: list[int], target_logits: torch.Tensor) -> Verif
     """target_logits: [k + 1, vocab], row i scores the token after draft_tokens[:i]."""
     target_choice = target_logits.argmax(-1).tolist()
     num_accepted = 0
-    while num_accepted < len(draft_tokens) and draft_tokens[num_accepted] == target_choice[num_accepted]:
+    while (
+        num_accepted < len(draft_tokens)
+        and draft_tokens[num_accepted] == target_choice[num_accepted]
+    ):
         num_accepted += 1
     return VerifyResult(num_accepted, target_choice[num_accepted])
 
@@ -39,14 +42,19 @@ def verify_sampling(
     k = len(draft_tokens)
     index = torch.tensor(draft_tokens, dtype=torch.long)
     p = target_probs[:k].gather(-1, index[:, None]).squeeze(-1)  # [k]
-    q = torch.ones_like(p) if draft_probs is None else draft_probs.gather(-1, index[:, None]).squeeze(-1)
+    q = (
+        torch.ones_like(p)
+        if draft_probs is None
+        else draft_probs.gather(-1, index[:, None]).squeeze(-1)
+    )
     uniforms = torch.rand(k, generator=generator, dtype=p.dtype)
     rejected = (uniforms * q >= p).tolist()  # u < p/q accepts; written without dividing by q
     num_accepted = rejected.index(True) if True in rejected else k
     if num_accepted == k:
         return VerifyResult(k, sample(target_probs[k], generator))
     residual = residual_distribution(
-        target_probs[num_accepted], None if draft_probs is None else draft_probs[num_accepted],
+        target_probs[num_accepted],
+        None if draft_probs is None else draft_probs[num_accepted],
         draft_tokens[num_accepted],
     )
     return VerifyResult(num_accepted, sample(residual, generator))
@@ -79,4 +87,6 @@ def verify(
     """Dispatch on the sampling config. target_logits: [k + 1, vocab]."""
     if sampling.greedy:
         return verify_greedy(draft_tokens, target_logits)
-    return verify_sampling(draft_tokens, draft_probs, logits_to_probs(target_logits, sampling), generator)
+    return verify_sampling(
+        draft_tokens, draft_probs, logits_to_probs(target_logits, sampling), generator
+    )
