@@ -257,6 +257,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.json_out:
         with open(args.json_out, "w") as out:
             out.write(json.dumps(document, indent=1))
+    if args.plots or args.json_out:
+        from pathlib import Path
+
+        from specpilot.bench.plots import write_plots
+
+        prefix = Path(args.plots) if args.plots else Path(args.json_out).with_suffix("")
+        for path in write_plots(rows, prefix):
+            print(f"plot: {path}", file=sys.stderr)
     print(text)
     return 0
 
@@ -296,6 +304,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--repeats", type=int, default=1)
     bench.add_argument("--batch-size", type=int, default=1)
     bench.add_argument("--json-out", help="write the JSON report here too")
+    bench.add_argument("--plots", help="PNG path prefix (default: next to --json-out)")
     bench.add_argument("--quiet", action="store_true", help="no progress bar")
     bench.set_defaults(run=cmd_bench)
 

@@ -72,6 +72,8 @@ def test_report_schema_and_baseline(capsys, folders, tmp_path):
     assert code == 0
     document = json.loads(out.strip().splitlines()[-1])
     assert document == json.loads(out_file.read_text())
+    for name in ("speedup", "accepted", "draft_length"):
+        assert (tmp_path / f"report_{name}.png").stat().st_size > 0
     assert {"machine", "config", "results"} <= set(document)
     methods = {row["method"] for row in document["results"]}
     assert methods == {

@@ -68,6 +68,19 @@ def _stats_of(prompt_runs: list[PromptRuns]) -> GenerationStats | None:
     return GenerationStats.combined(parts) if parts else None
 
 
+def _histogram(stats: GenerationStats) -> list[int]:
+    """Steps by number of accepted draft tokens (index = num_accepted)."""
+    counts = [0] * (max((r.num_accepted for r in stats.records), default=0) + 1)
+    for record in stats.records:
+        counts[record.num_accepted] += 1
+    return counts
+
+
+def _draft_lengths(prompt_runs: PromptRuns) -> list[int]:
+    """Tokens drafted per step on one prompt (first repeat, all turns): how a policy adapts."""
+    return [r.num_drafted for turn in prompt_runs.runs[0] if turn.stats for r in turn.stats.records]
+
+
 def summarize(results: dict[str, list[PromptRuns]], greedy: bool) -> list[dict]:
     """Rows per (method, category) plus category 'all'."""
     categories = sorted({p.record.category for p in next(iter(results.values()))})
@@ -118,6 +131,8 @@ def summarize(results: dict[str, list[PromptRuns]], greedy: bool) -> list[dict]:
                     "verify_s": stats.verify_s if stats else None,
                     "other_s": stats.other_s if stats else None,
                     "acceptance_by_position": stats.acceptance_by_position if stats else None,
+                    "accepted_histogram": _histogram(stats) if stats else None,
+                    "draft_lengths": _draft_lengths(subset[0]) if stats else None,
                     "greedy_mismatches": mismatches if greedy else None,
                     "divergences": divergences if greedy else None,
                 }

@@ -1,0 +1,72 @@
+"""PNG plots of a bench report: speedup per category, accepted lengths, draft length over time."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only; no display needed
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def _finish(fig, ax, path: Path) -> None:
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
+    else:
+        ax.text(0.5, 0.5, "nothing to show", ha="center", va="center", transform=ax.transAxes)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _speedup_plot(rows: list[dict], path: Path) -> None:
+    categories = sorted({r["category"] for r in rows if r["category"] != "all"}) + ["all"]
+    methods = [m for m in dict.fromkeys(r["method"] for r in rows) if m != "ar"]
+    lookup = {(r["method"], r["category"]): r["speedup"] or 0.0 for r in rows}
+    width = 0.8 / max(1, len(methods))
+    fig, ax = plt.subplots(figsize=(min(14, 3 + 0.3 * len(categories) * max(1, len(methods))), 4.5))
+    for i, method in enumerate(methods):
+        xs = [c + i * width for c in range(len(categories))]
+        ax.bar(xs, [lookup.get((method, c), 0.0) for c in categories], width, label=method)
+    ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
+    ax.set_xticks([c + 0.4 - width / 2 for c in range(len(categories))], categories, rotation=30)
+    ax.set_ylabel("speedup over plain decoding (ar)")
+    _finish(fig, ax, path)
+
+
+def _histogram_plot(rows: list[dict], path: Path) -> None:
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for row in rows:
+        counts = row.get("accepted_histogram")
+        if row["category"] != "all" or not counts or row["method"] == "ar":
+            continue
+        total = sum(counts)
+        ax.plot(range(len(counts)), [c / total for c in counts], marker="o", label=row["method"])
+    ax.set_xlabel("accepted draft tokens per step")
+    ax.set_ylabel("fraction of steps")
+    _finish(fig, ax, path)
+
+
+def _draft_length_plot(rows: list[dict], path: Path) -> None:
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for row in rows:
+        lengths = row.get("draft_lengths")
+        if row["category"] != "all" or not lengths or len(set(lengths)) <= 1:
+            continue  # constant policies draw flat lines; only adaptive ones are informative
+        ax.plot(range(len(lengths)), lengths, label=row["method"])
+    ax.set_xlabel("verify step (first prompt)")
+    ax.set_ylabel("drafted tokens")
+    _finish(fig, ax, path)
+
+
+def write_plots(rows: list[dict], prefix: Path) -> list[Path]:
+    """Write the three plots as `<prefix>_speedup.png` etc.; return their paths."""
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, draw in (("speedup", _speedup_plot), ("accepted", _histogram_plot),
+                       ("draft_length", _draft_length_plot)):
+        path = prefix.with_name(f"{prefix.name}_{name}.png")
+        draw(rows, path)
+        paths.append(path)
+    return paths
