@@ -1,0 +1,30 @@
+"""The reduced draft vocabulary keeps special tokens and maps ids and probabilities back."""
+
+import pytest
+import torch
+from tiny import tiny_tokenizer
+
+from specpilot.errors import ConfigError
+from specpilot.models.vocab import DraftVocabulary
+
+
+def test_first_ids_keep_special_tokens():
+    tokenizer = tiny_tokenizer([f"w{i}" for i in range(4, 40)])
+    vocabulary = DraftVocabulary.first_ids(2, tokenizer, full_size=40)
+    assert vocabulary.token_ids.tolist() == [0, 1, 2, 3]  # ids 0, 1 plus the specials 2 (</s>), 3
+
+
+def test_mapping_back_to_the_full_vocabulary():
+    vocabulary = DraftVocabulary(torch.tensor([7, 2, 5]), full_size=9)
+    assert [vocabulary.to_full_id(i) for i in range(3)] == [2, 5, 7]
+    full = vocabulary.to_full_probs(torch.tensor([0.2, 0.3, 0.5]))
+    assert full.tolist() == pytest.approx([0, 0, 0.2, 0, 0, 0.3, 0, 0.5, 0])
+    head = vocabulary.head(torch.arange(9.0)[:, None].expand(9, 4))
+    assert head[:, 0].tolist() == [2.0, 5.0, 7.0]
+
+
+def test_invalid_vocabularies():
+    with pytest.raises(ConfigError):
+        DraftVocabulary(torch.tensor([3, 12]), full_size=10)
+    with pytest.raises(ConfigError):
+        DraftVocabulary.first_ids(0, tiny_tokenizer(["a"]), full_size=5)
