@@ -7,13 +7,12 @@ from dataclasses import dataclass
 from specpilot.engine import SpeculativeEngine
 from specpilot.models import LoadedModel, check_same_tokenizer, load_model
 from specpilot.models.chat import eos_token_ids
-from specpilot.policies import DraftPolicy
+from specpilot.policies import ConstantPolicy, DraftPolicy
 from specpilot.registry import make_draft_policy, make_drafter
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
-DEFAULT_K = 3
-"""Default draft length: the best constant k for the default pair on this CPU (BENCHMARKS.md)."""
+DEFAULT_K = ConstantPolicy().k
 
 
 @dataclass

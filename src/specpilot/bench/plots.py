@@ -64,8 +64,11 @@ def write_plots(rows: list[dict], prefix: Path) -> list[Path]:
     """Write the three plots as `<prefix>_speedup.png` etc.; return their paths."""
     prefix.parent.mkdir(parents=True, exist_ok=True)
     paths = []
-    for name, draw in (("speedup", _speedup_plot), ("accepted", _histogram_plot),
-                       ("draft_length", _draft_length_plot)):
+    for name, draw in (
+        ("speedup", _speedup_plot),
+        ("accepted", _histogram_plot),
+        ("draft_length", _draft_length_plot),
+    ):
         path = prefix.with_name(f"{prefix.name}_{name}.png")
         draw(rows, path)
         paths.append(path)

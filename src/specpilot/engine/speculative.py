@@ -57,7 +57,7 @@ class SpeculativeEngine:
         self.target = target
         self.tokenizer = tokenizer
         self.drafter = drafter
-        self.draft_policy = draft_policy or ConstantPolicy(4)
+        self.draft_policy = draft_policy or ConstantPolicy()
         self.verify_policy = verify_policy or VerifyAll()
         if eos_ids is None:
             eos = getattr(tokenizer, "eos_token_id", None)

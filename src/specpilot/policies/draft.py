@@ -11,9 +11,10 @@ from specpilot.types import StepRecord
 
 @dataclass
 class ConstantPolicy:
-    """Draft exactly k tokens every step."""
+    """Draft exactly k tokens every step (default 3: the best constant for the default pair on a
+    2-core CPU, BENCHMARKS.md)."""
 
-    k: int = 4
+    k: int = 3
 
     def __post_init__(self) -> None:
         require(1 <= self.k <= 64, f"k must be in 1..64, got {self.k}")
