@@ -22,11 +22,30 @@ def test_profile_writes_json(tmp_path, capsys):
     target = save_tiny(tmp_path / "target", seed=0)
     draft = save_tiny(tmp_path / "draft", seed=0)
     out = tmp_path / "profile.json"
-    code = main([
-        "profile", "--target", str(target), "--draft", str(draft), "--dtype", "float32",
-        "--out", str(out), "--contexts", "8,16", "--max-verify", "4", "--gammas", "1,3",
-        "--repeats", "1", "--max-new-tokens", "6", "--quiet",
-    ])
+    code = main(
+        [
+            "profile",
+            "--target",
+            str(target),
+            "--draft",
+            str(draft),
+            "--dtype",
+            "float32",
+            "--out",
+            str(out),
+            "--contexts",
+            "8,16",
+            "--max-verify",
+            "4",
+            "--gammas",
+            "1,3",
+            "--repeats",
+            "1",
+            "--max-new-tokens",
+            "6",
+            "--quiet",
+        ]
+    )
     assert code == 0
     profile = json.loads(out.read_text())
     assert set(profile["verify_ms"]) == {"8", "16"}

@@ -35,29 +35,43 @@ def _speedup_plot(rows: list[dict], path: Path) -> None:
     _finish(fig, ax, path)
 
 
-def _histogram_plot(rows: list[dict], path: Path) -> None:
+def _series_plot(rows: list[dict], path: Path, series, xlabel: str, ylabel: str, **style) -> None:
+    """One line per method (overall rows) of the series `series(row)` returns (None = skip)."""
     fig, ax = plt.subplots(figsize=(6, 4))
     for row in rows:
-        counts = row.get("accepted_histogram")
-        if row["category"] != "all" or not counts or row["method"] == "ar":
-            continue
-        total = sum(counts)
-        ax.plot(range(len(counts)), [c / total for c in counts], marker="o", label=row["method"])
-    ax.set_xlabel("accepted draft tokens per step")
-    ax.set_ylabel("fraction of steps")
+        values = series(row) if row["category"] == "all" else None
+        if values:
+            ax.plot(range(len(values)), values, label=row["method"], **style)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
     _finish(fig, ax, path)
+
+
+def _accepted_fractions(row: dict) -> list[float] | None:
+    counts = row.get("accepted_histogram")
+    return [c / sum(counts) for c in counts] if counts and row["method"] != "ar" else None
+
+
+def _adaptive_draft_lengths(row: dict) -> list[int] | None:
+    lengths = row.get("draft_lengths")  # constant policies draw flat lines: not informative
+    return lengths if lengths and len(set(lengths)) > 1 else None
+
+
+def _histogram_plot(rows: list[dict], path: Path) -> None:
+    _series_plot(
+        rows,
+        path,
+        _accepted_fractions,
+        "accepted draft tokens per step",
+        "fraction of steps",
+        marker="o",
+    )
 
 
 def _draft_length_plot(rows: list[dict], path: Path) -> None:
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for row in rows:
-        lengths = row.get("draft_lengths")
-        if row["category"] != "all" or not lengths or len(set(lengths)) <= 1:
-            continue  # constant policies draw flat lines; only adaptive ones are informative
-        ax.plot(range(len(lengths)), lengths, label=row["method"])
-    ax.set_xlabel("verify step (first prompt)")
-    ax.set_ylabel("drafted tokens")
-    _finish(fig, ax, path)
+    _series_plot(
+        rows, path, _adaptive_draft_lengths, "verify step (first prompt)", "drafted tokens"
+    )
 
 
 def write_plots(rows: list[dict], prefix: Path) -> list[Path]:
