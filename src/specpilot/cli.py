@@ -10,7 +10,14 @@ import argparse
 import json
 import sys
 
-from specpilot.api import DEFAULT_DRAFT, DEFAULT_K, DEFAULT_TARGET, build_engine, load_models
+from specpilot.api import (
+    DEFAULT_DRAFT,
+    DEFAULT_K,
+    DEFAULT_TARGET,
+    ModelPair,
+    build_engine,
+    load_models,
+)
 from specpilot.config import GenerationConfig, SamplingConfig
 from specpilot.engine import GenerationStats
 from specpilot.errors import ConfigError, SpecpilotError
@@ -84,8 +91,6 @@ def policy_options(args: argparse.Namespace) -> dict[str, str]:
                 f"--k sets the draft length of --policy constant, not of {args.policy!r}"
             )
         options["k"] = str(args.k)
-    elif args.policy == "constant":
-        options.setdefault("k", str(DEFAULT_K))
     return options
 
 
@@ -118,10 +123,17 @@ def summary_line(stats: GenerationStats) -> str:
     )
 
 
+def load_from_args(args: argparse.Namespace, draft: str | None) -> ModelPair:
+    """Load the target (and draft) named on the command line; the dtype is checked first, so a
+    bad value fails before any download or conversion."""
+    resolve_dtype(args.dtype, args.device)
+    print(f"loading {args.target}" + (f" + {draft}" if draft else "") + " ...", file=sys.stderr)
+    return load_models(args.target, draft, args.dtype, args.device, args.max_length)
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     config = generation_config(args, tuple(args.stop))
     policy = make_draft_policy(args.policy, **policy_options(args))  # validate before loading
-    resolve_dtype(args.dtype, args.device)
     if args.prompts_file:
         records = read_prompts_file(args.prompts_file)
     elif args.prompt is not None:
@@ -129,8 +141,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     else:
         raise ConfigError("give --prompt TEXT or --prompts-file FILE.jsonl")
     draft = args.draft if args.drafter == "model" else None
-    print(f"loading {args.target}" + (f" + {draft}" if draft else "") + " ...", file=sys.stderr)
-    models = load_models(args.target, draft, args.dtype, args.device, args.max_length)
+    models = load_from_args(args, draft)
     drafter_options = {"draft_vocab": args.draft_vocab} if args.draft_vocab else {}
     engine = build_engine(models, args.drafter, policy, drafter_options)
     for record in records:
@@ -216,10 +227,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
             "give at least one --prompts FILE.jsonl (e.g. ../shared/data/mt_bench_question.jsonl)"
         )
     records = select_prompts(args.prompts, args.limit, args.max_turns)
-    resolve_dtype(args.dtype, args.device)
     draft = args.draft if any(s.needs_draft for s in specs) else None
-    print(f"loading {args.target}" + (f" + {draft}" if draft else "") + " ...", file=sys.stderr)
-    models = load_models(args.target, draft, args.dtype, args.device, args.max_length)
+    models = load_from_args(args, draft)
     hf_models = load_hf_models(models, specs)
     results = run_methods(
         specs, records, models, hf_models, config, args.repeats, progress=not args.quiet
@@ -282,10 +291,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
     contexts, gammas = _int_list(args.contexts), _int_list(args.gammas)
     GenerationConfig(args.max_new_tokens)  # validate before loading
-    resolve_dtype(args.dtype, args.device)
     draft = None if args.no_draft else args.draft
-    print(f"loading {args.target}" + (f" + {draft}" if draft else "") + " ...", file=sys.stderr)
-    models = load_models(args.target, draft, args.dtype, args.device, args.max_length)
+    models = load_from_args(args, draft)
     profile = profile_pair(
         models,
         contexts,

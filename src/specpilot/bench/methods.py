@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specpilot.api import DEFAULT_K, ModelPair, build_engine
+from specpilot.api import ModelPair, build_engine
 from specpilot.config import GenerationConfig
 from specpilot.engine import GenerationStats
 from specpilot.errors import ConfigError
@@ -80,8 +80,6 @@ class EngineMethod:
         drafter_options = {
             k: options.pop(k) for k in DRAFTER_OPTIONS.get(drafter, ()) if k in options
         }
-        if policy == "constant":
-            options.setdefault("k", str(DEFAULT_K))
         self.engine = build_engine(models, drafter, policy, drafter_options, **options)
 
     def run(self, turns, config: GenerationConfig) -> list[TurnRun]:
@@ -100,21 +98,21 @@ class HFMethod:
         options = dict(spec.options)
         if spec.kind == "hf-assisted":
             schedule = options.pop("schedule", "dynamic")
-            assistant = hf_models["draft"]
-            gen = assistant.generation_config
-            gen.num_assistant_tokens = int(options.pop("k", 20 if schedule == "dynamic" else 5))
-            if schedule == "dynamic":
-                gen.num_assistant_tokens_schedule = "constant"
-                gen.assistant_confidence_threshold = float(options.pop("threshold", 0.4))
-            elif schedule in ("constant", "heuristic"):
-                gen.num_assistant_tokens_schedule = schedule
-                gen.assistant_confidence_threshold = 0.0
-            else:
+            if schedule not in ("constant", "heuristic", "dynamic"):
                 raise ConfigError(
                     f"hf-assisted schedule must be constant, heuristic or dynamic, got {schedule!r}"
                 )
-            self.extra = {"assistant_model": assistant}
-            self.initial_k = gen.num_assistant_tokens
+            dynamic = schedule == "dynamic"
+            # Applied to the assistant's generation_config before every call: the draft model is
+            # shared by all hf-assisted methods, and HF's heuristic schedule mutates it.
+            self.assistant_settings = {
+                "num_assistant_tokens": int(options.pop("k", 20 if dynamic else 5)),
+                "num_assistant_tokens_schedule": "constant" if dynamic else schedule,
+                "assistant_confidence_threshold": float(options.pop("threshold", 0.4))
+                if dynamic
+                else 0.0,
+            }
+            self.extra = {"assistant_model": hf_models["draft"]}
         elif spec.kind == "hf-pld":
             self.extra = {"prompt_lookup_num_tokens": int(options.pop("k", 10))}
         if options:
@@ -122,8 +120,9 @@ class HFMethod:
 
     @torch.inference_mode()
     def run(self, turns, config: GenerationConfig) -> list[TurnRun]:
-        if "assistant_model" in self.extra:  # heuristic schedules persist across calls in HF
-            self.extra["assistant_model"].generation_config.num_assistant_tokens = self.initial_k
+        if "assistant_model" in self.extra:
+            for key, value in self.assistant_settings.items():
+                setattr(self.extra["assistant_model"].generation_config, key, value)
         sampling = config.sampling
         kwargs = dict(
             max_new_tokens=config.max_new_tokens,
