@@ -5,14 +5,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from specpilot.engine import SpeculativeEngine
+from specpilot.errors import ConfigError
 from specpilot.models import LoadedModel, check_same_tokenizer, load_model
 from specpilot.models.chat import eos_token_ids
+from specpilot.models.runner import CausalRunner
 from specpilot.policies import ConstantPolicy, DraftPolicy
+from specpilot.policies.sv import SvVerifyPolicy, read_sv_profile
 from specpilot.registry import make_draft_policy, make_drafter
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
 DEFAULT_K = ConstantPolicy().k
+SV_GAMMA_MAX = 5
+"""Tokens SV drafts before choosing how many to verify (the paper uses 5 or 7)."""
 
 
 @dataclass
@@ -27,12 +32,15 @@ def load_models(
     dtype: str = "auto",
     device: str = "cpu",
     max_length: int | None = 4096,
+    batch_size: int = 1,
 ) -> ModelPair:
-    """Load target (and draft) and check that they share one tokenizer."""
-    target_model = load_model(target, dtype=dtype, device=device, max_length=max_length)
+    """Load target (and draft) and check that they share one tokenizer (`batch_size`: how many
+    prompts `SpeculativeEngine.generate_batch` may decode together)."""
+    options = dict(dtype=dtype, device=device, max_length=max_length, batch_size=batch_size)
+    target_model = load_model(target, **options)
     draft_model = None
     if draft is not None:
-        draft_model = load_model(draft, dtype=dtype, device=device, max_length=max_length)
+        draft_model = load_model(draft, **options)
         check_same_tokenizer(target_model, draft_model)
     return ModelPair(target_model, draft_model)
 
@@ -45,15 +53,80 @@ def build_engine(
     **policy_options,
 ) -> SpeculativeEngine:
     """An engine from names: drafter in {model, ngram, none} (with `drafter_options`, see
-    registry.make_drafter); policy a name in registry.DRAFT_POLICIES (with its options) or a
-    ready DraftPolicy."""
+    registry.make_drafter); policy a name in registry.POLICIES (with its options) or a ready
+    DraftPolicy. "sv" drafts a constant gamma_max and verifies SV's chosen prefix (options
+    sv_profile, companion, gamma_max, plus_one; see make_sv)."""
     target = models.target
-    if isinstance(policy, str):
+    verify_policy = None
+    if policy == "sv":
+        policy, verify_policy = make_sv(models, **policy_options)
+    elif isinstance(policy, str):
         policy = make_draft_policy(policy, **policy_options)
     return SpeculativeEngine(
         target.runner,
         target.tokenizer,
         drafter=make_drafter(drafter, models.draft, **(drafter_options or {})),
         draft_policy=policy,
+        verify_policy=verify_policy,
         eos_ids=eos_token_ids(target.tokenizer, target.path),
     )
+
+
+def make_sv(
+    models: ModelPair,
+    sv_profile: str | None = None,
+    companion: str | None = None,
+    gamma_max: int | str = SV_GAMMA_MAX,
+    plus_one: bool | str = True,
+) -> tuple[ConstantPolicy, SvVerifyPolicy]:
+    """SV's two halves: draft gamma_max tokens, verify the goodput-optimal prefix. The companion
+    defaults to the one the profile was made with (the table is only valid for it)."""
+    profile = read_sv_profile(sv_profile)
+    profiled = profile.get("companion")
+    companion = companion or profiled
+    if companion is None:
+        raise ConfigError(f"{sv_profile!r} names no companion; pass --companion NAME")
+    if profiled is not None and companion != profiled:
+        raise ConfigError(
+            f"{sv_profile!r} was profiled with companion {profiled!r}, not {companion!r}; "
+            "profile again with `specpilot profile-sv --companion ...`"
+        )
+    if isinstance(plus_one, str):
+        plus_one = plus_one.lower() in ("1", "true", "yes")
+    draft_policy = ConstantPolicy(int(gamma_max))
+    verify_policy = SvVerifyPolicy.from_profile(
+        sv_profile, load_companion(companion, models), plus_one=plus_one
+    )
+    return draft_policy, verify_policy
+
+
+def load_companion(spec: str, models: ModelPair) -> CausalRunner:
+    """`early-exit:target:N` / `early-exit:draft:N` (the first N layers of that model, then its
+    final norm and LM head, sharing its weights), or any loadable model sharing the tokenizer."""
+    target = models.target
+    if spec.startswith("early-exit:"):
+        parts = spec.split(":")
+        role = parts[1] if len(parts) == 3 else None
+        if role not in ("target", "draft") or not parts[2].isdigit():
+            raise ConfigError(
+                f"companion {spec!r}: expected early-exit:target:N or early-exit:draft:N"
+            )
+        model = getattr(models, role)
+        if model is None or not hasattr(model.runner, "early_exit"):
+            raise ConfigError(
+                f"companion {spec!r} needs a loaded {role} served by the lean decoder backend"
+            )
+        try:
+            return model.runner.early_exit(int(parts[2]))
+        except ValueError as error:
+            raise ConfigError(f"companion {spec!r}: {error}") from None
+    runner = target.runner
+    loaded = load_model(
+        spec,
+        dtype=runner.dtype,
+        device=runner.device,
+        max_length=runner.max_length,
+        batch_size=runner.batch_size,
+    )
+    check_same_tokenizer(target, loaded)
+    return loaded.runner

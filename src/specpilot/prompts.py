@@ -85,21 +85,26 @@ def read_prompts_file(path: str | Path) -> list[PromptRecord]:
     return records
 
 
-def answer_turns(
+def answer_conversations(
     engine,
-    turns: tuple[str, ...] | list[str],
+    conversations: list[tuple[str, ...] | list[str]],
     config: GenerationConfig,
-    on_tokens: Callable[[list[int]], None] | None = None,
+    on_tokens: Callable[[int, list[int]], None] | None = None,
     on_turn_end: Callable[[], None] | None = None,
-) -> list:
-    """Generate an answer for each user turn, feeding answers back as assistant turns."""
-    messages: list[dict[str, str]] = []
-    results = []
-    for turn in turns:
-        messages.append({"role": "user", "content": turn})
-        result = engine.generate(messages, config, on_tokens=on_tokens)
-        messages.append({"role": "assistant", "content": result.text})
-        results.append(result)
+) -> list[list]:
+    """Answer several conversations as one batch, turn by turn: turn t of every conversation that
+    has one is decoded together, its answer fed back as the assistant turn. Returns each
+    conversation's results (one GenerationResult per turn)."""
+    histories: list[list[dict[str, str]]] = [[] for _ in conversations]
+    results: list[list] = [[] for _ in conversations]
+    for t in range(max(len(turns) for turns in conversations)):
+        live = [i for i, turns in enumerate(conversations) if t < len(turns)]
+        for i in live:
+            histories[i].append({"role": "user", "content": conversations[i][t]})
+        answers = engine.generate_batch([list(histories[i]) for i in live], config, on_tokens)
+        for i, answer in zip(live, answers, strict=True):
+            histories[i].append({"role": "assistant", "content": answer.text})
+            results[i].append(answer)
         if on_turn_end is not None:
             on_turn_end()
     return results

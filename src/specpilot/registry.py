@@ -15,12 +15,16 @@ from typing import Any
 from specpilot.drafting import ModelDrafter, NgramDrafter
 from specpilot.errors import ConfigError
 from specpilot.models.vocab import DraftVocabulary
-from specpilot.policies import ConstantPolicy, HeuristicPolicy
+from specpilot.policies import ConstantPolicy, HeuristicPolicy, SvipPolicy
 
 DRAFT_POLICIES: dict[str, Callable[..., Any]] = {
     "constant": ConstantPolicy,
     "heuristic": HeuristicPolicy,
+    "svip": SvipPolicy,
 }
+
+POLICIES = (*DRAFT_POLICIES, "sv")
+"""Names for --policy: the draft policies, and "sv" (constant drafting + SV verification)."""
 
 DRAFTERS = ("model", "ngram", "none")
 DRAFTER_OPTIONS = {"model": {"draft_vocab"}, "ngram": {"max_ngram", "min_ngram"}, "none": set()}

@@ -22,6 +22,9 @@ class Proposal:
     proposals (greedy drafting or n-gram lookup), treated as one-hot by the verifier."""
     draft_s: float = 0.0
     """Seconds spent drafting."""
+    draft_logits: torch.Tensor | None = None
+    """[k, draft vocab] raw logits the tokens came from (model drafters only): what verify
+    policies such as SV compare a companion against."""
 
     @property
     def k(self) -> int:
@@ -30,7 +33,8 @@ class Proposal:
     def truncated(self, n: int) -> Proposal:
         """The first n tokens (a prefix is safe to verify: DESIGN.md §1)."""
         probs = None if self.draft_probs is None else self.draft_probs[:n]
-        return Proposal(self.tokens[:n], probs, self.draft_s)
+        logits = None if self.draft_logits is None else self.draft_logits[:n]
+        return Proposal(self.tokens[:n], probs, self.draft_s, logits)
 
 
 @dataclass(frozen=True)

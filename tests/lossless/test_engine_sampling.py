@@ -20,7 +20,7 @@ from specpilot.drafting import ModelDrafter, NgramDrafter
 from specpilot.engine import SpeculativeEngine
 from specpilot.models.decoder import DecoderRunner
 from specpilot.models.vocab import DraftVocabulary
-from specpilot.policies import ConstantPolicy
+from specpilot.policies import ConstantPolicy, SvipPolicy
 from specpilot.sampling import logits_to_probs, sample
 from specpilot.types import VerifyResult
 
@@ -34,24 +34,30 @@ def target():
     return tiny_model("llama", vocab_size=VOCAB, seed=3)
 
 
-def exact_two_token_distribution(model, sampling: SamplingConfig) -> torch.Tensor:
-    """[VOCAB * VOCAB] probabilities of (first, second) generated token under the target alone."""
-    with torch.no_grad():
-        first = logits_to_probs(model(torch.tensor([PROMPT])).logits[0, -1].double(), sampling)
-        joint = torch.zeros(VOCAB, VOCAB, dtype=torch.float64)
-        for t1 in range(VOCAB):
-            logits = model(torch.tensor([PROMPT + [t1]])).logits[0, -1].double()
-            joint[t1] = first[t1] * logits_to_probs(logits, sampling)
-    return joint.flatten()
+def exact_joint_distribution(model, sampling: SamplingConfig, length: int = 2) -> torch.Tensor:
+    """[VOCAB ** length] probabilities of the first `length` generated tokens, target alone."""
+
+    def next_probs(prefix: list[int]) -> torch.Tensor:
+        with torch.no_grad():
+            return logits_to_probs(model(torch.tensor([prefix])).logits[0, -1].double(), sampling)
+
+    joint = torch.ones(1, dtype=torch.float64)
+    prefixes = [list(PROMPT)]
+    for _ in range(length):
+        joint = torch.cat([joint[i] * next_probs(p) for i, p in enumerate(prefixes)])
+        prefixes = [p + [t] for p in prefixes for t in range(VOCAB)]
+    return joint
 
 
-def chi_square_pvalue(engine: SpeculativeEngine, expected: torch.Tensor, sampling) -> float:
-    counts = torch.zeros(VOCAB * VOCAB)
+def chi_square_pvalue(
+    engine: SpeculativeEngine, expected: torch.Tensor, sampling, length: int = 2
+) -> float:
+    counts = torch.zeros(VOCAB**length)
     for seed in range(TRIALS):
         tokens = engine.generate(
-            PROMPT, GenerationConfig(max_new_tokens=2, sampling=sampling, seed=seed)
+            PROMPT, GenerationConfig(max_new_tokens=length, sampling=sampling, seed=seed)
         ).token_ids
-        counts[tokens[0] * VOCAB + tokens[1]] += 1
+        counts[sum(t * VOCAB ** (length - 1 - i) for i, t in enumerate(tokens))] += 1
     expected_counts = expected * TRIALS
     keep = expected_counts >= 5  # pool rare cells so the chi-square approximation holds
     observed = torch.cat([counts[keep], counts[~keep].sum().reshape(1)])
@@ -65,7 +71,7 @@ def chi_square_pvalue(engine: SpeculativeEngine, expected: torch.Tensor, samplin
     )
 
 
-def make_engine(target, drafter_kind: str) -> SpeculativeEngine:
+def make_engine(target, drafter_kind: str, policy=None) -> SpeculativeEngine:
     if drafter_kind == "ngram":
         drafter = NgramDrafter()
     else:  # "model-subvocab" drafts from ids 0..5 only: q is zero on ids 6 and 7
@@ -74,7 +80,7 @@ def make_engine(target, drafter_kind: str) -> SpeculativeEngine:
         )
         drafter = ModelDrafter(DecoderRunner(perturbed(target, 1.0)), vocabulary)
     return SpeculativeEngine(
-        DecoderRunner(target), TinyTokenizer(), drafter, ConstantPolicy(2), eos_ids=set()
+        DecoderRunner(target), TinyTokenizer(), drafter, policy or ConstantPolicy(2), eos_ids=set()
     )
 
 
@@ -84,8 +90,17 @@ SAMPLINGS = [SamplingConfig(temperature=1.0), SamplingConfig(temperature=0.8, to
 @pytest.mark.parametrize("sampling", SAMPLINGS, ids=["t1", "t0.8-topk-topp"])
 @pytest.mark.parametrize("drafter_kind", ["model", "model-subvocab", "ngram"])
 def test_sampled_output_follows_target(target, drafter_kind, sampling):
-    expected = exact_two_token_distribution(target, sampling)
+    expected = exact_joint_distribution(target, sampling)
     assert chi_square_pvalue(make_engine(target, drafter_kind), expected, sampling) > 1e-3
+
+
+@pytest.mark.parametrize("sampling", SAMPLINGS, ids=["t1", "t0.8-topk-topp"])
+def test_svip_sampled_output_follows_target(target, sampling):
+    """Three tokens, so SVIP's entropy stop (limit 1.18 nats; this draft's entropies are 0.6-1.8)
+    decides between drafting one and two tokens: a data-dependent draft length stays lossless."""
+    expected = exact_joint_distribution(target, sampling, length=3)
+    engine = make_engine(target, "model", SvipPolicy(h=0.42))
+    assert chi_square_pvalue(engine, expected, sampling, length=3) > 1e-3
 
 
 def accept_everything(draft_tokens, draft_probs, target_logits, sampling, generator):
@@ -96,6 +111,6 @@ def accept_everything(draft_tokens, draft_probs, target_logits, sampling, genera
 
 def test_broken_verifier_is_detected(target, monkeypatch):
     sampling = SAMPLINGS[0]
-    expected = exact_two_token_distribution(target, sampling)
+    expected = exact_joint_distribution(target, sampling)
     monkeypatch.setattr(speculative, "verify", accept_everything)
     assert chi_square_pvalue(make_engine(target, "model"), expected, sampling) < 1e-6

@@ -130,7 +130,8 @@ def test_identity_check_catches_a_lossy_method(capsys, folders, tmp_path, monkey
         (["--method", "sd:k"], "options must be key=value"),
         (["--method", "sd:policy=nope"], "unknown draft policy 'nope'"),
         (["--repeats", "0"], "--repeats must be >= 1"),
-        (["--batch-size", "4"], "--batch-size"),
+        (["--batch-size", "0"], "--batch-size must be >= 1"),
+        (["--batch-size", "2", "--method", "hf-pld"], "one sequence at a time"),
         (["--method", "hf-assisted:schedule=weird"], "schedule must be"),
     ],
 )
@@ -145,3 +146,42 @@ def test_missing_prompts_file(capsys, folders):
     code = main(["bench", "--target", str(target), "--prompts", "/nonexistent.jsonl"])
     assert code == 2
     assert "prompts file not found" in capsys.readouterr().err
+
+
+def test_batched_bench_is_lossless_and_reports_goodput(capsys, folders, tmp_path):
+    out_file = tmp_path / "batch.json"
+    code, out, _ = bench(
+        capsys,
+        folders,
+        "--batch-size",
+        "2",
+        "--method",
+        "sd:k=3",
+        "--method",
+        "sd:policy=svip",
+        "--json-out",
+        str(out_file),
+    )
+    assert code == 0
+    report = json.loads(out_file.read_text())
+    assert report["config"]["batch_size"] == 2 and report["complete"] is True
+    assert report["prompts_done"] == 3
+    rows = {(r["method"], r["category"]): r for r in report["results"]}
+    for method in ("ar", "sd:k=3", "sd:policy=svip"):
+        assert rows[(method, "all")]["greedy_mismatches"] == 0
+        assert rows[(method, "all")]["tokens_per_s"] > 0
+
+
+def test_prompt_sample_follows_the_seed(tmp_path):
+    from specpilot.cli import select_prompts
+
+    path = tmp_path / "many.jsonl"
+    rows = [{"question_id": i, "category": "c" + str(i % 2), "turns": [f"w{i}"]} for i in range(40)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    def ids(seed):
+        return [r.question_id for r in select_prompts([str(path)], 3, None, seed)]
+
+    assert ids(None) == [0, 1, 2, 3, 4, 5]  # the first three of each category, file order
+    assert ids(7) == ids(7) and ids(7) != ids(8)
+    assert len(ids(7)) == 6 and ids(7) == sorted(ids(7))

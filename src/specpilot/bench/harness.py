@@ -1,15 +1,17 @@
 """Run methods side by side on identical prompts and aggregate what was measured.
 
-For each prompt, every method runs back to back (so slow drift of the machine hits all methods
-alike), `repeats` times. The first prompt is run once per method before measuring (warm-up,
-excluded). Throughput per (method, category) is Σ tokens / Σ seconds within one repeat, and the
-reported value is the median over repeats; speedup divides by `ar`'s median in the same category.
+For each prompt (or batch of prompts of one category, with batch_size > 1), every method runs
+back to back (so slow drift of the machine hits all methods alike), `repeats` times. The first
+prompt is run once per method before measuring (warm-up, excluded). Throughput per (method,
+category) is Σ tokens / Σ seconds within one repeat, and the reported value is the median over
+repeats; speedup divides by `ar`'s median in the same category.
 Greedy identity compares each method's token ids with `ar`'s from the same run.
 """
 
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tqdm import tqdm
@@ -37,21 +39,42 @@ def run_methods(
     config: GenerationConfig,
     repeats: int,
     progress: bool = True,
+    on_prompt_done: Callable[[dict[str, list[PromptRuns]]], None] | None = None,
+    batch_size: int = 1,
 ) -> dict[str, list[PromptRuns]]:
+    """Every method on every prompt; `on_prompt_done` sees the finished prompts after each one
+    (the CLI rewrites its JSON report there, so an interrupted run keeps what it measured).
+    With batch_size > 1, prompts are decoded in batches formed within each category (so each
+    category's throughput is measured on batches of its own prompts)."""
     methods = {spec.text: make_method(spec, models, hf_models) for spec in specs}
+    warm = GenerationConfig(max_new_tokens=8, sampling=config.sampling)
     for method in methods.values():  # warm-up: caches, allocator, lazy init; not measured
-        method.run(
-            records[0].turns[:1], GenerationConfig(max_new_tokens=8, sampling=config.sampling)
-        )
+        method.run([records[0].turns[:1]] * min(batch_size, len(records)), warm)
+    order = sorted(range(len(records)), key=lambda i: records[i].category)  # stable
+    by_category: dict[str, list[int]] = {}
+    for i in order:
+        by_category.setdefault(records[i].category, []).append(i)
+    batches = [
+        indices[j : j + batch_size]
+        for indices in by_category.values()
+        for j in range(0, len(indices), batch_size)
+    ]
     results = {name: [PromptRuns(r) for r in records] for name in methods}
     bar = tqdm(
-        total=len(records) * repeats * len(methods), desc="bench", unit="run", disable=not progress
+        total=len(batches) * repeats * len(methods), desc="bench", unit="run", disable=not progress
     )
-    for index, record in enumerate(records):
+    done: list[int] = []
+    for batch in batches:
+        conversations = [records[i].turns for i in batch]
         for _ in range(repeats):
             for name, method in methods.items():
-                results[name][index].runs.append(method.run(record.turns, config))
+                for i, runs in zip(batch, method.run(conversations, config), strict=True):
+                    results[name][i].runs.append(runs)
                 bar.update()
+        done.extend(batch)
+        if on_prompt_done is not None:
+            finished = sorted(done)
+            on_prompt_done({name: [runs[i] for i in finished] for name, runs in results.items()})
     bar.close()
     return results
 
@@ -126,6 +149,14 @@ def summarize(results: dict[str, list[PromptRuns]], greedy: bool) -> list[dict]:
                     if baseline_speed.get(category)
                     else None,
                     "mean_accepted_tokens": stats.mean_accepted_tokens if stats else None,
+                    "mean_draft_length": stats.drafted / stats.steps
+                    if stats and stats.steps
+                    else None,
+                    # the longest draft that would have been fully accepted, per step: exact after
+                    # a rejection, a lower bound (the draft length) when all were accepted
+                    "mean_oracle_length": stats.accepted / stats.steps
+                    if stats and stats.steps
+                    else None,
                     "acceptance_rate": stats.acceptance_rate if stats and stats.verified else None,
                     "draft_s": stats.draft_s if stats else None,
                     "verify_s": stats.verify_s if stats else None,

@@ -7,8 +7,11 @@
   same draft weights (`dynamic` is transformers' default confidence-threshold schedule);
 - `hf-pld:k=N`: transformers prompt lookup decoding.
 
-Every method answers a conversation turn by turn and returns, per turn, the new token ids, the
-wall time and (for specpilot methods) the engine's statistics.
+Every method answers a batch of conversations turn by turn and returns, per conversation and
+turn, the new token ids, the wall time and (for specpilot methods) the engine's statistics. With
+a batch of B conversations each row is charged 1/B of its batch's wall time, so Σ tokens ÷
+Σ seconds is the batch's throughput (goodput). transformers' assisted generation and prompt
+lookup only run batches of one.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from specpilot.config import GenerationConfig
 from specpilot.engine import GenerationStats
 from specpilot.errors import ConfigError
 from specpilot.models.chat import encode_prompt, eos_token_ids
-from specpilot.prompts import answer_turns
+from specpilot.prompts import answer_conversations
 from specpilot.registry import DRAFTER_OPTIONS
 
 METHOD_KINDS = ("ar", "sd", "hf", "hf-assisted", "hf-pld")
@@ -82,9 +85,16 @@ class EngineMethod:
         }
         self.engine = build_engine(models, drafter, policy, drafter_options, **options)
 
-    def run(self, turns, config: GenerationConfig) -> list[TurnRun]:
-        results = answer_turns(self.engine, turns, config)
-        return [TurnRun(r.token_ids, r.stats.total_s, r.stats) for r in results]
+    def run(self, conversations, config: GenerationConfig) -> list[list[TurnRun]]:
+        results = answer_conversations(self.engine, conversations, config)
+        runs: list[list[TurnRun]] = [[] for _ in conversations]
+        for t in range(max(len(r) for r in results)):
+            live = [i for i, r in enumerate(results) if t < len(r)]
+            wall = max(results[i][t].stats.total_s for i in live)
+            for i in live:
+                turn = results[i][t]
+                runs[i].append(TurnRun(turn.token_ids, wall / len(live), turn.stats))
+        return runs
 
 
 class HFMethod:
@@ -119,7 +129,13 @@ class HFMethod:
             raise ConfigError(f"method {spec.text!r}: unknown options {', '.join(options)}")
 
     @torch.inference_mode()
-    def run(self, turns, config: GenerationConfig) -> list[TurnRun]:
+    def run(self, conversations, config: GenerationConfig) -> list[list[TurnRun]]:
+        if len(conversations) != 1:
+            raise ConfigError(
+                "transformers methods (hf, hf-assisted, hf-pld) run batches of one: use "
+                "--batch-size 1 or drop them from --method"
+            )
+        (turns,) = conversations
         if "assistant_model" in self.extra:
             for key, value in self.assistant_settings.items():
                 setattr(self.extra["assistant_model"].generation_config, key, value)
@@ -153,7 +169,7 @@ class HFMethod:
                 }
             )
             runs.append(TurnRun(new, seconds))
-        return runs
+        return [runs]
 
 
 def load_hf_models(models: ModelPair, specs: list[MethodSpec]) -> dict:

@@ -1,6 +1,6 @@
 """An independent draft model (a smaller model sharing the target's tokenizer).
 
-Invariant: `self.cached` lists the tokens whose keys/values the draft runner holds, in order. A
+The draft cache follows the committed sequence through a SyncedCache (one slot per batch row): a
 proposal feeds whatever of the sequence is not yet cached (the last committed token, or also an
 accepted last draft token plus the bonus), then drafts one token per forward.
 """
@@ -12,9 +12,9 @@ import time
 import torch
 
 from specpilot.config import SamplingConfig
-from specpilot.drafting.base import common_prefix_length
 from specpilot.errors import ConfigError
 from specpilot.models.runner import CausalRunner
+from specpilot.models.synced_cache import SyncedCache
 from specpilot.models.vocab import DraftVocabulary
 from specpilot.policies.base import DraftPolicy, DraftToken
 from specpilot.sampling import logits_to_probs, sample
@@ -31,25 +31,10 @@ class ModelDrafter:
         self.runner = runner
         self.vocabulary = vocabulary
         self.head = None if vocabulary is None else vocabulary.head(runner.lm_head)
-        self.cached: list[int] = []
-
-    def _next_logits(self, feed: list[int]) -> torch.Tensor:
-        """[vocab] (or [subset]) draft logits for the position after `feed`."""
-        if self.vocabulary is None:
-            return self.runner.forward(feed, logits="last")[-1]
-        hidden = self.runner.run(feed, logits="none").hidden[-1:]
-        return self.runner.logits_from_hidden(hidden, self.head)[-1]
+        self.cache = SyncedCache(runner)
 
     def reset(self) -> None:
-        self.runner.reset()
-        self.cached = []
-
-    def _sync(self, sequence: list[int]) -> list[int]:
-        """Roll the cache back to what still matches `sequence`; return the tokens to feed."""
-        keep = min(common_prefix_length(self.cached, sequence), len(sequence) - 1)
-        self.runner.rollback(keep)
-        del self.cached[keep:]
-        return sequence[keep:]
+        self.cache.reset()
 
     def propose(
         self,
@@ -59,23 +44,53 @@ class ModelDrafter:
         sampling: SamplingConfig,
         generator: torch.Generator | None,
     ) -> Proposal:
+        return self.propose_batch([sequence], [0], [budget], [policy], sampling, [generator])[0]
+
+    def propose_batch(
+        self,
+        sequences: list[list[int]],
+        slots: list[int],
+        budgets: list[int],
+        policies: list[DraftPolicy],
+        sampling: SamplingConfig,
+        generators: list[torch.Generator | None],
+    ) -> list[Proposal]:
+        """Draft for every row at once: one draft forward per drafted position, over the rows
+        still drafting (each row stops at its own budget or when its policy says so)."""
         start = time.perf_counter()
-        feed = self._sync(sequence)
-        tokens: list[int] = []
-        probs: list[torch.Tensor] = []
-        while len(tokens) < budget:
-            logits = self._next_logits(feed)
-            self.cached.extend(feed)
-            if sampling.greedy:
-                index = int(logits.argmax())
-            else:
-                row = logits_to_probs(logits, sampling)
-                index = sample(row, generator)
-                probs.append(row if self.vocabulary is None else self.vocabulary.to_full_probs(row))
-            token = index if self.vocabulary is None else self.vocabulary.to_full_id(index)
-            tokens.append(token)
-            if not policy.continue_drafting(DraftToken(len(tokens) - 1, token, logits)):
-                break
-            feed = [token]
-        draft_probs = torch.stack(probs) if probs else None
-        return Proposal(tokens, draft_probs, time.perf_counter() - start)
+        feeds = [
+            self.cache.sync(sequence, slot) for sequence, slot in zip(sequences, slots, strict=True)
+        ]
+        tokens: list[list[int]] = [[] for _ in sequences]
+        probs: list[list[torch.Tensor]] = [[] for _ in sequences]
+        raw: list[list[torch.Tensor]] = [[] for _ in sequences]
+        drafting = [j for j, budget in enumerate(budgets) if budget > 0]
+        while drafting:
+            rows = self.runner.forward_batch(
+                [feeds[j] for j in drafting], [slots[j] for j in drafting], "last", self.head
+            )
+            still = []
+            for j, logits in zip(drafting, rows, strict=True):
+                logits = logits[-1]
+                self.cache.fed(feeds[j], slots[j])
+                if sampling.greedy:
+                    index = int(logits.argmax())
+                else:
+                    row = logits_to_probs(logits, sampling)
+                    index = sample(row, generators[j])
+                    probs[j].append(
+                        row if self.vocabulary is None else self.vocabulary.to_full_probs(row)
+                    )
+                token = index if self.vocabulary is None else self.vocabulary.to_full_id(index)
+                tokens[j].append(token)
+                raw[j].append(logits)
+                drafted = DraftToken(len(tokens[j]) - 1, token, logits)
+                if policies[j].continue_drafting(drafted) and len(tokens[j]) < budgets[j]:
+                    feeds[j] = [token]
+                    still.append(j)
+            drafting = still
+        seconds = time.perf_counter() - start
+        return [
+            Proposal(t, torch.stack(p) if p else None, seconds, torch.stack(r) if r else None)
+            for t, p, r in zip(tokens, probs, raw, strict=True)
+        ]

@@ -50,3 +50,18 @@ class NgramDrafter:
             if not policy.continue_drafting(DraftToken(len(tokens) - 1, token, None)):
                 break
         return Proposal(tokens, None, time.perf_counter() - start)
+
+    def propose_batch(
+        self,
+        sequences: list[list[int]],
+        slots: list[int],
+        budgets: list[int],
+        policies: list[DraftPolicy],
+        sampling: SamplingConfig,
+        generators: list[torch.Generator | None],
+    ) -> list[Proposal]:
+        """Row by row: lookup is stateless and needs no model."""
+        return [
+            self.propose(s, b, p, sampling, g) if b > 0 else Proposal([])
+            for s, b, p, g in zip(sequences, budgets, policies, generators, strict=True)
+        ]

@@ -10,6 +10,7 @@ committed token is fed at the start of the next step together with the drafted t
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ from specpilot.config import GenerationConfig
 from specpilot.drafting.base import Drafter
 from specpilot.engine.stats import GenerationStats
 from specpilot.engine.stopping import StopChecker
-from specpilot.errors import PromptError
+from specpilot.errors import ConfigError, PromptError
 from specpilot.models.chat import Messages, encode_prompt
 from specpilot.models.runner import CausalRunner
 from specpilot.policies.base import DraftPolicy, VerifyPolicy
@@ -38,6 +39,42 @@ class GenerationResult:
     finish_reason: str
     """"eos", "stop" (a stop string), "length" (max_new_tokens or the context end)."""
     stats: GenerationStats
+
+
+class _Row:
+    """One request of a batch: its cache slot, tokens, stop rule, policy, randomness, stats."""
+
+    def __init__(
+        self, slot: int, prompt_ids: list[int], stopper: StopChecker, policy, seed: int
+    ) -> None:
+        self.slot = slot
+        self.prompt_ids = prompt_ids
+        self.generated: list[int] = []
+        self.sequence = prompt_ids
+        self.stopper = stopper
+        self.policy = policy
+        self.generator = torch.Generator().manual_seed(seed)
+        self.stats = GenerationStats()
+        self.reason: str | None = None
+
+    def room(self, config: GenerationConfig, max_length: int) -> int:
+        """Tokens this row may still emit (new-token limit and context end)."""
+        return min(config.max_new_tokens - len(self.generated), max_length - len(self.sequence) + 1)
+
+    def commit(self, emitted: list[int]) -> list[int]:
+        """Append a step's tokens, cut at a stop; return the tokens actually appended."""
+        checked = len(self.generated)
+        self.generated.extend(emitted)
+        keep, self.reason = self.stopper.cut(self.generated, checked)
+        del self.generated[keep:]
+        self.sequence = self.prompt_ids + self.generated
+        return emitted[: keep - checked]
+
+    def result(self, tokenizer) -> GenerationResult:
+        text = tokenizer.decode(self.generated, skip_special_tokens=True)
+        if self.reason == "stop":
+            text = self.stopper.trim_text(text)
+        return GenerationResult(self.generated, text, self.reason, self.stats)
 
 
 class SpeculativeEngine:
@@ -73,81 +110,140 @@ class SpeculativeEngine:
         """Continue a prompt: text or chat messages (formatted with the chat template) or token ids.
 
         `on_tokens` receives each step's new tokens, for streaming."""
+        stream = None if on_tokens is None else (lambda _row, tokens: on_tokens(tokens))
+        return self.generate_batch([prompt], config, stream)[0]
+
+    def generate_batch(
+        self,
+        prompts: list[str | Messages | list[int]],
+        config: GenerationConfig | None = None,
+        on_tokens: Callable[[int, list[int]], None] | None = None,
+    ) -> list[GenerationResult]:
+        """Decode several prompts together: one draft forward per drafted position and one target
+        forward per step serve the whole batch (the weights are read once for all rows).
+
+        Each row accepts its own number of tokens, finishes on its own, and uses its own random
+        generator seeded with `config.seed` and its own copy of the draft policy, so a row's
+        output does not depend on its batchmates. `on_tokens(row, tokens)` streams."""
         config = config or GenerationConfig()
-        if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt) and prompt:
-            prompt_ids = list(prompt)
-        else:
-            prompt_ids = encode_prompt(self.tokenizer, prompt)
-        self._check_prompt(prompt_ids)
-        sampling = config.sampling
-        generator = torch.Generator().manual_seed(config.seed)
-        stopper = StopChecker(
-            self.eos_ids if config.stop_on_eos else frozenset(),
-            config.stop_strings,
-            config.max_new_tokens,
-            self.tokenizer.decode,
-        )
-        stats = GenerationStats()
+        prompt_ids = [self._encode(prompt) for prompt in prompts]
+        if not 1 <= len(prompt_ids) <= self.target.batch_size:
+            raise ConfigError(
+                f"a batch of {len(prompt_ids)} prompts needs 1..{self.target.batch_size} prompts; "
+                "load the models with a larger batch_size"
+            )
         start = time.perf_counter()
         self.target.reset()
-        self.target.forward(prompt_ids[:-1], logits="none")
+        slots = list(range(len(prompt_ids)))
+        self.target.forward_batch([ids[:-1] for ids in prompt_ids], slots, logits="none")
         for plug in (self.drafter, self.draft_policy, self.verify_policy):
             if plug is not None:
                 plug.reset()
-        stats.prefill_s = time.perf_counter() - start
+        prefill_s = time.perf_counter() - start
+        rows = [
+            _Row(slot, ids, self._stopper(config), self._row_policy(slot), config.seed)
+            for slot, ids in zip(slots, prompt_ids, strict=True)
+        ]
+        for row in rows:
+            row.stats.prefill_s = prefill_s
+        active = rows
+        while active:
+            for row in active:
+                if row.room(config, self.target.max_length) <= 0:
+                    row.reason = "length"
+            running = [row for row in active if row.reason is None]
+            if running:
+                self._step(running, config, on_tokens)
+            now = time.perf_counter()
+            for row in active:
+                if row.reason is not None:
+                    row.stats.total_s = now - start
+            active = [row for row in active if row.reason is None]
+        return [row.result(self.tokenizer) for row in rows]
 
-        sequence = prompt_ids
-        generated: list[int] = []
-        reason = None
-        while reason is None:
-            room = min(
-                config.max_new_tokens - len(generated), self.target.max_length - len(sequence) + 1
-            )
-            if room <= 0:
-                reason = "length"
-                break
-            budget = min(self.draft_policy.draft_budget(), room - 1)
-            proposal = Proposal([])
-            if self.drafter is not None and budget > 0:
-                proposal = self.drafter.propose(
-                    sequence, budget, self.draft_policy, sampling, generator
-                )
-            num_drafted = proposal.k
-            proposal = proposal.truncated(self.verify_policy.select(proposal))
-            verify_start = time.perf_counter()
-            target_logits = self.target.forward([sequence[-1], *proposal.tokens])  # [k + 1, vocab]
-            result = verify(
-                proposal.tokens, proposal.draft_probs, target_logits, sampling, generator
-            )
-            emitted = result.emitted(proposal.tokens)
-            checked = len(generated)
-            generated.extend(emitted)
-            keep, reason = stopper.cut(generated, checked)
-            del generated[keep:]
-            emitted = emitted[: keep - checked]
-            sequence = prompt_ids + generated
-            self.target.rollback(len(sequence) - 1)
+    def _step(self, rows: list[_Row], config: GenerationConfig, on_tokens) -> None:
+        """Draft → select → verify all rows in one target forward → commit each row."""
+        sampling = config.sampling
+        budgets = [
+            min(row.policy.draft_budget(), row.room(config, self.target.max_length) - 1)
+            for row in rows
+        ]
+        proposals = [Proposal([]) for _ in rows]
+        if self.drafter is not None and any(budget > 0 for budget in budgets):
+            proposals = self._propose(rows, budgets, sampling)
+        drafted = [proposal.k for proposal in proposals]
+        counts = self.verify_policy.select(
+            [row.sequence for row in rows], proposals, [row.slot for row in rows], sampling
+        )
+        proposals = [p.truncated(n) for p, n in zip(proposals, counts, strict=True)]
+        verify_start = time.perf_counter()
+        logits = self.target.forward_batch(
+            [[row.sequence[-1], *p.tokens] for row, p in zip(rows, proposals, strict=True)],
+            [row.slot for row in rows],
+        )  # per row [k + 1, vocab]
+        results = [
+            verify(p.tokens, p.draft_probs, row_logits, sampling, row.generator)
+            for row, p, row_logits in zip(rows, proposals, logits, strict=True)
+        ]
+        verify_s = time.perf_counter() - verify_start
+        for row, proposal, result, num_drafted in zip(
+            rows, proposals, results, drafted, strict=True
+        ):
+            emitted = row.commit(result.emitted(proposal.tokens))
+            self.target.rollback(len(row.sequence) - 1, slot=row.slot)
             record = StepRecord(
                 num_drafted=num_drafted,
                 num_verified=len(proposal.tokens),
                 num_accepted=result.num_accepted,
                 num_emitted=len(emitted),
                 draft_s=proposal.draft_s,
-                verify_s=time.perf_counter() - verify_start,
-                context_len=len(sequence),
+                verify_s=verify_s,
+                context_len=len(row.sequence),
             )
-            stats.add(record)
-            self.draft_policy.observe(record)
+            row.stats.add(record)
+            row.policy.observe(record)
             self.verify_policy.observe(record)
             if on_tokens is not None and emitted:
-                on_tokens(emitted)
-            if reason is None and len(sequence) >= self.target.max_length:
-                reason = "length"
-        stats.total_s = time.perf_counter() - start
-        text = self.tokenizer.decode(generated, skip_special_tokens=True)
-        if reason == "stop":
-            text = stopper.trim_text(text)
-        return GenerationResult(generated, text, reason, stats)
+                on_tokens(row.slot, emitted)
+            if row.reason is None and len(row.sequence) >= self.target.max_length:
+                row.reason = "length"
+
+    def _propose(self, rows: list[_Row], budgets: list[int], sampling) -> list[Proposal]:
+        if len(rows) == 1:
+            row = rows[0]
+            if budgets[0] <= 0:
+                return [Proposal([])]
+            return [
+                self.drafter.propose(row.sequence, budgets[0], row.policy, sampling, row.generator)
+            ]
+        return self.drafter.propose_batch(
+            [row.sequence for row in rows],
+            [row.slot for row in rows],
+            budgets,
+            [row.policy for row in rows],
+            sampling,
+            [row.generator for row in rows],
+        )
+
+    def _row_policy(self, slot: int) -> DraftPolicy:
+        """Row 0 drives the engine's own policy object; other rows get fresh copies of it."""
+        return self.draft_policy if slot == 0 else copy.deepcopy(self.draft_policy)
+
+    def _stopper(self, config: GenerationConfig) -> StopChecker:
+        return StopChecker(
+            self.eos_ids if config.stop_on_eos else frozenset(),
+            config.stop_strings,
+            config.max_new_tokens,
+            self.tokenizer.decode,
+        )
+
+    def _encode(self, prompt: str | Messages | list[int]) -> list[int]:
+        if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt) and prompt:
+            prompt_ids = list(prompt)
+        else:
+            prompt_ids = encode_prompt(self.tokenizer, prompt)
+        self._check_prompt(prompt_ids)
+        return prompt_ids
 
     def _check_prompt(self, prompt_ids: list[int]) -> None:
         if not prompt_ids:

@@ -11,11 +11,17 @@ position ids and an attention mask among the new tokens (tree verification).
 It does not implement sliding-window attention or non-Llama architectures; `load_model` sends
 those to the generic transformers adapter. Invariant: layer i's cache holds `lengths[i]`
 positions; a forward over layers [a, b) requires them all at one length and advances them by n.
+
+Batching: the cache has `batch_size` slots, each with its own lengths. `forward_batch` packs
+every row's new tokens (ragged: any number per row) into one matrix, so each weight matrix is
+streamed once for the whole batch, and runs attention row by row against that row's slot. No
+padding is computed and rows never see each other's positions.
 Its float32 logits match transformers' for the same weights (tests/unit/test_decoder.py).
 """
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import torch
@@ -35,6 +41,19 @@ def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) ->
         return F.linear(x, weight, bias)
     out = torch.mv(weight, x[0])[None] if x.shape[0] == 1 else torch.mm(weight, x.t()).t()
     return out if bias is None else out + bias
+
+
+@dataclass
+class _Segment:
+    """One row of a packed forward: its cache slot, first position, rows in the packed input,
+    rotary tables and additive attention mask (None for a lone causal token)."""
+
+    slot: int
+    start: int
+    rows: slice
+    cos: torch.Tensor
+    sin: torch.Tensor
+    mask: torch.Tensor | None
 
 
 @dataclass
@@ -62,7 +81,7 @@ def supports(config) -> bool:
 class DecoderRunner:
     """Static-KV-cache decoder built from a loaded transformers Llama/Qwen2 model's weights."""
 
-    def __init__(self, hf_model, max_length: int | None = None):
+    def __init__(self, hf_model, max_length: int | None = None, batch_size: int = 1):
         config = hf_model.config
         if not supports(config):
             raise ValueError(f"DecoderRunner does not support model_type={config.model_type!r}")
@@ -89,10 +108,27 @@ class DecoderRunner:
         scale = float(getattr(rotary, "attention_scaling", 1.0))
         self.cos = (angles.cos() * scale).to(self.dtype)  # [max_length, head_dim]
         self.sin = (angles.sin() * scale).to(self.dtype)
-        shape = (self.num_layers, self.num_kv_heads, self.max_length, self.head_dim)
+        self._allocate_cache(batch_size)
+
+    def _allocate_cache(self, batch_size: int) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.batch_size = batch_size
+        shape = (self.num_layers, batch_size, self.num_kv_heads, self.max_length, self.head_dim)
         self.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
-        self.lengths = [0] * self.num_layers
+        self.slot_lengths = [[0] * self.num_layers for _ in range(batch_size)]
+
+    def early_exit(self, num_layers: int) -> DecoderRunner:
+        """The first `num_layers` layers, then this model's final norm and LM head: a cheap
+        early-exit model sharing these weights (no copy) with a KV cache of its own."""
+        if not 1 <= num_layers <= self.num_layers:
+            raise ValueError(f"early exit needs 1..{self.num_layers} layers, got {num_layers}")
+        view = copy.copy(self)
+        view.layers = self.layers[:num_layers]
+        view.num_layers = num_layers
+        view._allocate_cache(self.batch_size)
+        return view
 
     @staticmethod
     def _fuse(layer) -> _Layer:
@@ -121,15 +157,21 @@ class DecoderRunner:
 
     # -- cache -------------------------------------------------------------------------------
     @property
+    def lengths(self) -> list[int]:
+        """Per-layer cached lengths of slot 0 (the single-sequence API)."""
+        return self.slot_lengths[0]
+
+    @property
     def length(self) -> int:
         return self.lengths[-1]
 
-    def rollback(self, length: int, layers: range | None = None) -> None:
+    def rollback(self, length: int, layers: range | None = None, slot: int = 0) -> None:
+        lengths = self.slot_lengths[slot]
         for i in layers if layers is not None else range(self.num_layers):
-            self.lengths[i] = min(self.lengths[i], length)
+            lengths[i] = min(lengths[i], length)
 
     def reset(self) -> None:
-        self.lengths = [0] * self.num_layers
+        self.slot_lengths = [[0] * self.num_layers for _ in range(self.batch_size)]
 
     # -- math --------------------------------------------------------------------------------
     def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -143,10 +185,15 @@ class DecoderRunner:
         rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
         return x * cos + rotated * sin
 
-    def _attention(self, i: int, layer: _Layer, x, start: int, cos, sin, mask) -> torch.Tensor:
-        n = x.shape[0]
+    def _attention(self, i: int, layer: _Layer, x, segments: list[_Segment]) -> torch.Tensor:
         qkv = _linear(x, layer.qkv, layer.qkv_bias)
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        outs = [self._segment_attention(i, qkv[seg.rows], seg, q_size, kv_size) for seg in segments]
+        return _linear(outs[0] if len(outs) == 1 else torch.cat(outs), layer.o, layer.o_bias)
+
+    def _segment_attention(self, i: int, qkv, seg: _Segment, q_size: int, kv_size: int):
+        """One row's new tokens attend to its own slot: write its keys/values, then attend."""
+        n = qkv.shape[0]
         q = qkv[:, :q_size].view(n, self.num_heads, self.head_dim).transpose(0, 1)
         k = (
             qkv[:, q_size : q_size + kv_size]
@@ -154,28 +201,26 @@ class DecoderRunner:
             .transpose(0, 1)
         )
         v = qkv[:, q_size + kv_size :].view(n, self.num_kv_heads, self.head_dim).transpose(0, 1)
-        q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)
-        end = start + n
-        self.k_cache[i, :, start:end] = k
-        self.v_cache[i, :, start:end] = v
+        q, k = self._rope(q, seg.cos, seg.sin), self._rope(k, seg.cos, seg.sin)
+        end = seg.start + n
+        k_cache, v_cache = self.k_cache[i, seg.slot], self.v_cache[i, seg.slot]
+        k_cache[:, seg.start : end] = k
+        v_cache[:, seg.start : end] = v
         # Fold each GQA group into the query axis ([kv_heads, group * n, head_dim]) so attention
         # reads the cache once per kv head, without expanding keys/values per query head.
         group = self.num_heads // self.num_kv_heads
         grouped_q = q.reshape(self.num_kv_heads, group * n, self.head_dim)
         out = F.scaled_dot_product_attention(
             grouped_q[None],
-            self.k_cache[i, :, :end][None],
-            self.v_cache[i, :, :end][None],
-            attn_mask=None if mask is None else mask.repeat(group, 1),
+            k_cache[:, :end][None],
+            v_cache[:, :end][None],
+            attn_mask=None if seg.mask is None else seg.mask.repeat(group, 1),
         )  # [1, kv_heads, group * n, head_dim]
-        out = out[0].reshape(self.num_heads, n, self.head_dim).transpose(0, 1).reshape(n, q_size)
-        return _linear(out, layer.o, layer.o_bias)
+        return out[0].reshape(self.num_heads, n, self.head_dim).transpose(0, 1).reshape(n, q_size)
 
-    def _layer(self, i: int, x, start: int, cos, sin, mask) -> torch.Tensor:
+    def _layer(self, i: int, x, segments: list[_Segment]) -> torch.Tensor:
         layer = self.layers[i]
-        x = x + self._attention(
-            i, layer, self._rms_norm(x, layer.input_norm), start, cos, sin, mask
-        )
+        x = x + self._attention(i, layer, self._rms_norm(x, layer.input_norm), segments)
         gate, up = _linear(self._rms_norm(x, layer.post_norm), layer.gate_up, None).chunk(2, dim=-1)
         return x + _linear(F.silu(gate) * up, layer.down, None)
 
@@ -200,6 +245,7 @@ class DecoderRunner:
         tap_layers: tuple[int, ...] = (),
         position_ids: torch.Tensor | None = None,
         tree_mask: torch.Tensor | None = None,
+        slot: int = 0,
     ) -> RunnerOutput:
         """Run layers [start_layer, end_layer) over n new positions.
 
@@ -214,11 +260,36 @@ class DecoderRunner:
             x = F.embedding(ids, self.embed)
         else:
             x = hidden.to(self.dtype)
-        n = x.shape[0]
-        start = self.lengths[start_layer]
-        if any(self.lengths[i] != start for i in range(start_layer, end_layer)):
+        segment = self._segment(
+            slot, 0, x.shape[0], start_layer, end_layer, position_ids, tree_mask
+        )
+        taps = {}
+        for i in range(start_layer, end_layer):
+            x = self._layer(i, x, [segment])
+            if i + 1 in tap_layers:
+                taps[i + 1] = x
+        self._advance([segment], start_layer, end_layer)
+        out_logits = None
+        if end_layer == self.num_layers and logits != "none":
+            out_logits = self.logits_from_hidden(x[-1:] if logits == "last" else x)
+        return RunnerOutput(out_logits, x, taps)
+
+    def _segment(
+        self,
+        slot: int,
+        offset: int,
+        n: int,
+        start_layer: int,
+        end_layer: int,
+        position_ids: torch.Tensor | None = None,
+        tree_mask: torch.Tensor | None = None,
+    ) -> _Segment:
+        """Where n new tokens of `slot` go (rows offset..offset+n of the packed input), checked."""
+        lengths = self.slot_lengths[slot]
+        start = lengths[start_layer]
+        if any(lengths[i] != start for i in range(start_layer, end_layer)):
             raise RuntimeError(
-                f"layers {start_layer}..{end_layer - 1} hold different lengths: {self.lengths}"
+                f"layers {start_layer}..{end_layer - 1} hold different lengths: {lengths}"
             )
         if start + n > self.max_length:
             raise PromptError(
@@ -230,16 +301,13 @@ class DecoderRunner:
         else:
             cos, sin = self.cos[position_ids], self.sin[position_ids]
         mask = self._mask(start, n, tree_mask)
-        taps = {}
-        for i in range(start_layer, end_layer):
-            x = self._layer(i, x, start, cos, sin, mask)
-            self.lengths[i] = start + n
-            if i + 1 in tap_layers:
-                taps[i + 1] = x
-        out_logits = None
-        if end_layer == self.num_layers and logits != "none":
-            out_logits = self.logits_from_hidden(x[-1:] if logits == "last" else x)
-        return RunnerOutput(out_logits, x, taps)
+        return _Segment(slot, start, slice(offset, offset + n), cos, sin, mask)
+
+    def _advance(self, segments: list[_Segment], start_layer: int, end_layer: int) -> None:
+        for seg in segments:
+            lengths = self.slot_lengths[seg.slot]
+            for i in range(start_layer, end_layer):
+                lengths[i] = seg.start + seg.rows.stop - seg.rows.start
 
     def _mask(self, start: int, n: int, tree_mask: torch.Tensor | None) -> torch.Tensor | None:
         """Additive [n, start + n] mask (0 = attend, -inf = not), None for a lone causal token."""
@@ -254,3 +322,44 @@ class DecoderRunner:
 
     def forward(self, input_ids: list[int], logits: LogitRows = "all") -> torch.Tensor | None:
         return self.run(input_ids, logits=logits).logits
+
+    @torch.inference_mode()
+    def forward_batch(
+        self,
+        rows: list[list[int]],
+        slots: list[int],
+        logits: LogitRows = "all",
+        head: torch.Tensor | None = None,
+    ) -> list[torch.Tensor | None]:
+        """Append rows[j] (any length, may be empty) to cache slot slots[j], all in one pass.
+
+        Returns per row [rows, vocab] float32 logits ("all": every new token, "last": the last
+        one, "none": None); `head` scores other LM-head rows (a reduced draft vocabulary)."""
+        if len(set(slots)) != len(slots) or not all(0 <= s < self.batch_size for s in slots):
+            raise ValueError(f"slots must be distinct and in 0..{self.batch_size - 1}: {slots}")
+        live = [j for j, row in enumerate(rows) if row]
+        if not live:
+            return [None] * len(rows)
+        segments, offset = [], 0
+        for j in live:
+            segments.append(self._segment(slots[j], offset, len(rows[j]), 0, self.num_layers))
+            offset += len(rows[j])
+        ids = torch.tensor([t for j in live for t in rows[j]], dtype=torch.long)
+        x = F.embedding(ids.to(self.device), self.embed)
+        for i in range(self.num_layers):
+            x = self._layer(i, x, segments)
+        self._advance(segments, 0, self.num_layers)
+        out: list[torch.Tensor | None] = [None] * len(rows)
+        if logits == "none":
+            return out
+        picks = [
+            seg.rows if logits == "all" else slice(seg.rows.stop - 1, seg.rows.stop)
+            for seg in segments
+        ]
+        scored = self.logits_from_hidden(torch.cat([x[p] for p in picks]), head)
+        offset = 0
+        for j, p in zip(live, picks, strict=True):
+            n = p.stop - p.start
+            out[j] = scored[offset : offset + n]
+            offset += n
+        return out

@@ -10,11 +10,14 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from specpilot.errors import PromptError
+from specpilot.errors import ConfigError, PromptError
 from specpilot.models.runner import LogitRows
 
 
 class HFRunner:
+    batch_size = 1
+    """One cache slot: batched decoding needs the lean decoder backend."""
+
     def __init__(self, hf_model, max_length: int | None = None):
         self.model = hf_model.eval()
         config = hf_model.config
@@ -30,7 +33,7 @@ class HFRunner:
     def length(self) -> int:
         return self._length
 
-    def rollback(self, length: int) -> None:
+    def rollback(self, length: int, slot: int = 0) -> None:
         if length < self._length:
             self.cache.crop(length)
             self._length = length
@@ -60,3 +63,14 @@ class HFRunner:
         self.cache = out.past_key_values
         self._length += n
         return None if logits == "none" else out.logits[0].float()
+
+    def forward_batch(
+        self, rows: list[list[int]], slots: list[int], logits: LogitRows = "all", head=None
+    ) -> list[torch.Tensor | None]:
+        """The batch interface for a batch of one (see DecoderRunner.forward_batch)."""
+        if len(rows) != 1 or slots != [0] or head is not None:
+            raise ConfigError(
+                "the transformers backend decodes one sequence at a time with the full vocabulary; "
+                "batches and reduced draft vocabularies need the lean decoder (Llama/Qwen2 family)"
+            )
+        return [self.forward(rows[0], logits) if rows[0] else None]

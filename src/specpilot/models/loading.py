@@ -239,8 +239,10 @@ def load_model(
     max_length: int | None = 4096,
     backend: str = "auto",
     progress: bool = True,
+    batch_size: int = 1,
 ) -> LoadedModel:
-    """Resolve `spec`, load tokenizer and weights, and wrap them in the best runner."""
+    """Resolve `spec`, load tokenizer and weights, and wrap them in the best runner
+    (`batch_size`: KV-cache slots, the most sequences decoded together)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     if backend not in BACKENDS:
@@ -253,6 +255,11 @@ def load_model(
     except Exception as error:
         raise ModelLoadError(f"could not read the config of {spec!r} in {path}: {error}") from None
     kind = _choose_backend(backend, config, spec)
+    if batch_size < 1 or (batch_size > 1 and kind != "decoder"):
+        raise ConfigError(
+            f"batch size {batch_size} is not possible for {spec!r}: it must be >= 1, and batches "
+            "need the lean decoder backend (Llama/Qwen2/Mistral family)"
+        )
     try:
         tokenizer = _load_tokenizer(path)
     except Exception as error:
@@ -264,7 +271,7 @@ def load_model(
         raise ModelLoadError(f"could not load the weights of {spec!r}: {error}") from None
     hf_model = hf_model.to(dev).eval()
     if kind == "decoder":
-        runner: CausalRunner = DecoderRunner(hf_model, max_length)
+        runner: CausalRunner = DecoderRunner(hf_model, max_length, batch_size)
         del hf_model  # the runner holds the (fused) tensors it needs; free the rest
     else:
         runner = HFRunner(hf_model, max_length)

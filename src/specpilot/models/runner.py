@@ -1,8 +1,9 @@
 """The interface the engine needs from a model: append tokens to a KV cache, score them, roll back.
 
-A runner owns one sequence's KV cache. `forward` appends n tokens after the cached ones and
-returns logits for the rows asked for; `rollback(length)` forgets everything past `length`
-(static caches just lower the length; garbage past it is never read). The engine keeps the
+A runner owns the KV cache of one sequence per slot (`batch_size` slots; `forward` uses slot 0).
+`forward` appends n tokens after the cached ones and returns logits for the rows asked for;
+`rollback(length)` forgets everything past `length` (static caches just lower the length; garbage
+past it is never read). The engine keeps the
 invariant: after a step, the target cache holds exactly len(sequence) − 1 positions (the last
 committed token is fed at the next step).
 """
@@ -32,6 +33,7 @@ class CausalRunner(Protocol):
 
     vocab_size: int
     max_length: int
+    batch_size: int
     dtype: torch.dtype
     device: torch.device
 
@@ -42,8 +44,13 @@ class CausalRunner(Protocol):
     def forward(self, input_ids: list[int], logits: LogitRows = "all") -> torch.Tensor | None:
         """Append input_ids to the cache; return [rows, vocab] float32 logits."""
 
-    def rollback(self, length: int) -> None:
-        """Forget cached positions >= length."""
+    def forward_batch(
+        self, rows: list[list[int]], slots: list[int], logits: LogitRows = "all", head=None
+    ) -> list[torch.Tensor | None]:
+        """Append rows[j] to slot slots[j] in one pass; per-row logits like `forward`."""
+
+    def rollback(self, length: int, slot: int = 0) -> None:
+        """Forget cached positions >= length (of one slot)."""
 
     def reset(self) -> None:
         """Empty the cache."""

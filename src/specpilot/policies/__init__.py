@@ -2,6 +2,7 @@
 
 from specpilot.policies.base import DraftPolicy, DraftToken, VerifyPolicy
 from specpilot.policies.draft import ConstantPolicy, HeuristicPolicy
+from specpilot.policies.svip import SvipPolicy
 from specpilot.policies.verify import VerifyAll
 
 __all__ = [
@@ -9,6 +10,7 @@ __all__ = [
     "DraftPolicy",
     "DraftToken",
     "HeuristicPolicy",
+    "SvipPolicy",
     "VerifyAll",
     "VerifyPolicy",
 ]

@@ -13,6 +13,7 @@ from typing import Protocol
 
 import torch
 
+from specpilot.config import SamplingConfig
 from specpilot.types import Proposal, StepRecord
 
 
@@ -42,7 +43,16 @@ class DraftPolicy(Protocol):
 class VerifyPolicy(Protocol):
     def reset(self) -> None: ...
 
-    def select(self, proposal: Proposal) -> int:
-        """How many leading drafted tokens the target verifies (0..proposal.k)."""
+    def select(
+        self,
+        sequences: list[list[int]],
+        proposals: list[Proposal],
+        slots: list[int],
+        sampling: SamplingConfig,
+    ) -> list[int]:
+        """For each row of the batch (committed sequence, its proposal, its cache slot): how
+        many leading drafted tokens the target verifies (0..k). Seeing the whole batch lets a
+        policy trade verification tokens between requests (SV); `sampling` is the request's
+        decoding rule (the distributions tokens are drawn from)."""
 
     def observe(self, record: StepRecord) -> None: ...

@@ -9,8 +9,8 @@ class VerifyAll:
     def reset(self) -> None:
         pass
 
-    def select(self, proposal: Proposal) -> int:
-        return proposal.k
+    def select(self, sequences, proposals: list[Proposal], slots, sampling) -> list[int]:
+        return [proposal.k for proposal in proposals]
 
     def observe(self, record: StepRecord) -> None:
         pass

@@ -1,0 +1,145 @@
+"""`specpilot profile-sv`: the offline acceptance profile SV plans with (METHODS.md §3.2).
+
+Runs plain speculative decoding (constant γ_max, every drafted token verified) on profiling
+prompts that are not evaluation prompts, and records for every drafted token the companion
+indicators (S, A) and the target's acceptance probability α (greedy: 1 if the token is the
+target's argmax; sampling: min(1, p_target/p_draft)). Fits the equal-frequency (S, A) table,
+reports the information gain of (S, A), S and A about α, and stores the target's verify latency
+curve T(n) next to the table, so one JSON file is all `--policy sv` needs.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from tqdm import tqdm
+
+from specpilot.api import ModelPair, build_engine, load_companion
+from specpilot.bench.profile import PROFILE_PROMPTS, latency_curve
+from specpilot.config import GenerationConfig, SamplingConfig
+from specpilot.policies.sv import Companion, indicator_probs, indicators
+from specpilot.policies.sv_table import AcceptanceTable, information_gain
+from specpilot.types import Proposal, StepRecord
+
+SV_PROFILE_PROMPTS = (
+    *PROFILE_PROMPTS,
+    "Explain what a hash table is and when you would use one.",
+    "Write a short poem about autumn leaves.",
+    "List the steps to make a cup of tea.",
+    "Write a JavaScript function that debounces another function.",
+    "What are the main causes of inflation? Answer in a paragraph.",
+    "Translate 'good morning, how are you?' into French and Spanish.",
+    "Write a SQL query that returns the ten most recent orders per customer.",
+    "Describe the water cycle for a ten-year-old.",
+)
+"""Built-in profiling prompts (none of them from the evaluation sets in ../shared/data)."""
+
+
+class IndicatorRecorder:
+    """A verify policy that verifies everything and records (S, A) for each drafted token; the
+    target's α is filled in from the verify logits by `RecordingTarget`."""
+
+    def __init__(self, companion: Companion):
+        self.companion = companion
+        self.s: list[float] = []
+        self.a: list[float] = []
+        self.alpha: list[float] = []
+        self.pending: list[tuple[Proposal, torch.Tensor | None]] = []
+        self.sampling = SamplingConfig()
+
+    def reset(self) -> None:
+        self.companion.reset()
+
+    def select(self, sequences, proposals: list[Proposal], slots, sampling) -> list[int]:
+        self.sampling = sampling
+        self.pending = []
+        scored = self.companion.score(sequences, proposals, slots)
+        for proposal, logits in zip(proposals, scored, strict=True):
+            draft_probs = None
+            if logits is not None:
+                draft_probs = indicator_probs(proposal.draft_logits, sampling)
+                s, a = indicators(draft_probs, indicator_probs(logits, sampling), proposal.tokens)
+                self.s.extend(s.tolist())
+                self.a.extend(a.tolist())
+            self.pending.append((proposal, draft_probs))
+        return [proposal.k for proposal in proposals]
+
+    def record_target(self, target_logits: list[torch.Tensor]) -> None:
+        """α for each pending drafted token from the target's verify logits ([k + 1, vocab])."""
+        for (proposal, draft_probs), logits in zip(self.pending, target_logits, strict=True):
+            if not proposal.k:
+                continue
+            tokens = torch.tensor(proposal.tokens)
+            rows = logits[: proposal.k]
+            if self.sampling.greedy:
+                alpha = (rows.argmax(-1) == tokens).float()
+            else:
+                p_target = indicator_probs(rows, self.sampling).gather(-1, tokens[:, None])[:, 0]
+                p_draft = draft_probs.gather(-1, tokens[:, None])[:, 0]
+                alpha = (p_target / p_draft.clamp_min(1e-30)).clamp(max=1.0)
+            self.alpha.extend(alpha.tolist())
+
+    def observe(self, record: StepRecord) -> None:
+        pass
+
+
+class RecordingTarget:
+    """The target runner, passing each verify forward's logits to the recorder."""
+
+    def __init__(self, runner, recorder: IndicatorRecorder):
+        self._runner, self._recorder = runner, recorder
+
+    def __getattr__(self, name):
+        return getattr(self._runner, name)
+
+    def forward_batch(self, rows, slots, logits="all", head=None):
+        out = self._runner.forward_batch(rows, slots, logits, head)
+        if logits == "all":
+            self._recorder.record_target(out)
+        return out
+
+
+def profile_sv(
+    models: ModelPair,
+    companion: str,
+    prompts: list[str],
+    config: GenerationConfig,
+    gamma_max: int,
+    bins: tuple[int, int] = (16, 16),
+    min_count: int = 20,
+    verify_ms: dict | None = None,
+    max_verify: int = 64,
+    progress: bool = True,
+) -> dict:
+    """Record, fit and summarise; `verify_ms` reuses curves from `specpilot profile` (else the
+    curve at context 128 is measured here)."""
+    recorder = IndicatorRecorder(Companion(load_companion(companion, models)))
+    engine = build_engine(models, "model", "constant", k=gamma_max)
+    engine.verify_policy = recorder
+    engine.target = RecordingTarget(models.target.runner, recorder)
+    start = time.perf_counter()
+    for prompt in tqdm(prompts, desc="profile-sv", unit="prompt", disable=not progress):
+        engine.generate([{"role": "user", "content": prompt}], config)
+    run_s = time.perf_counter() - start
+    if verify_ms is None:
+        curve = latency_curve(models.target.runner, 128, max_verify, repeats=3)
+        verify_ms = {"128": curve}
+    s_bins, a_bins = bins
+    table = AcceptanceTable.fit(recorder.s, recorder.a, recorder.alpha, s_bins, a_bins, min_count)
+    return {
+        "target": models.target.name,
+        "draft": models.draft.name,
+        "companion": companion,
+        "gamma_max": gamma_max,
+        "temperature": config.sampling.temperature,
+        "prompts": len(prompts),
+        "records": len(recorder.alpha),
+        "mean_alpha": sum(recorder.alpha) / len(recorder.alpha),
+        "run_s": run_s,
+        "information_gain": information_gain(
+            recorder.s, recorder.a, recorder.alpha, s_bins=s_bins, a_bins=a_bins
+        ),
+        "table": table.to_dict(),
+        "verify_ms": verify_ms,
+    }

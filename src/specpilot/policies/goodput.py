@@ -1,0 +1,192 @@
+"""SV's verification length: verify as many drafts as maximise goodput (METHODS.md §3.3-3.4).
+
+Given per-position acceptance probabilities p_i (from `AcceptanceTable.lookup`) and conditional
+independence, verifying the first γ drafted tokens yields E[N | γ] = Σ_{n≤γ} Π_{i≤n} p_i accepted
+tokens, plus the target's own correction/bonus token. Verifying costs T(γ + 1) (the pending token
+plus γ drafts). Goodput is tokens per second of verification; drafting and companion costs are
+sunk (already paid, and overlapped with verification), so they are not in the denominator.
+Truncating a draft never changes the output distribution, so any choice here is lossless.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import math
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from specpilot.config import require
+from specpilot.errors import ConfigError
+
+Latency = Callable[[int], float]
+"""T(n): seconds to verify n fed tokens (a `VerifyLatency`, or any callable)."""
+
+
+def _probabilities(p: Sequence[float], name: str = "p") -> list[float]:
+    values = [float(x) for x in p]
+    require(
+        all(math.isfinite(x) and 0.0 <= x <= 1.0 for x in values),
+        f"{name} must be acceptance probabilities in [0, 1], got {values}",
+    )
+    return values
+
+
+def _seconds(latency: Latency, n: int) -> float:
+    """T(n), checked: a non-positive latency would make goodput meaningless."""
+    t = float(latency(n))
+    require(math.isfinite(t) and t > 0, f"verify latency T({n}) must be > 0 seconds, got {t}")
+    return t
+
+
+def expected_accepted(p: Sequence[float], gamma: int) -> float:
+    """E[N | γ] = Σ_{n=1..γ} Π_{i≤n} p_i: expected accepted drafts when verifying the first γ,
+    without the +1 correction/bonus token (a rejection at i ends the run)."""
+    probs = _probabilities(p)
+    require(0 <= gamma <= len(probs), f"gamma must be in 0..{len(probs)}, got {gamma}")
+    total, prefix = 0.0, 1.0
+    for x in probs[:gamma]:
+        prefix *= x
+        total += prefix
+    return total
+
+
+def goodput(p: Sequence[float], gamma: int, latency: Latency, plus_one: bool = True) -> float:
+    """G(γ) = (E[N | γ] + 1) / T(γ + 1), tokens per second; without the +1 if `plus_one` is off."""
+    bonus = 1.0 if plus_one else 0.0
+    return (expected_accepted(p, gamma) + bonus) / _seconds(latency, gamma + 1)
+
+
+class VerifyLatency:
+    """T(n) from measured points: linear between them, flat below the first, and beyond the last
+    the slope of the last two (never falling below the last value, since feeding more tokens
+    is never faster). n is the number of tokens fed: γ + 1 for one request, the total over rows
+    for a batch."""
+
+    def __init__(self, points: Iterable[tuple[float, float]], context: int | None = None) -> None:
+        pts = sorted((float(n), float(t)) for n, t in points)
+        require(len(pts) > 0, "verify latency needs at least one (n, seconds) point")
+        require(
+            all(math.isfinite(n) and n >= 1 for n, _ in pts),
+            f"verify latency points need n >= 1, got {[n for n, _ in pts]}",
+        )
+        require(
+            all(math.isfinite(t) and t > 0 for _, t in pts),
+            f"verify latencies must be > 0 seconds, got {[t for _, t in pts]}",
+        )
+        ns = [n for n, _ in pts]
+        require(len(set(ns)) == len(ns), f"verify latency points repeat an n: {ns}")
+        self.points: tuple[tuple[float, float], ...] = tuple(pts)
+        self.context = context
+
+    @classmethod
+    def from_profile(cls, profile: dict[str, Any], context: int | None = None) -> VerifyLatency:
+        """The curve of a `specpilot profile` JSON whose context is nearest `context` (ties: the
+        shorter; default: the shortest). verify_ms[str(c)][i] is T(i + 1) in milliseconds."""
+        curves = profile.get("verify_ms") if isinstance(profile, dict) else None
+        if not curves or not isinstance(curves, dict):
+            raise ConfigError(
+                "profile has no verify-latency curves ('verify_ms'); "
+                "run `specpilot profile --out PATH` first"
+            )
+        try:
+            by_context = {int(c): curve for c, curve in curves.items()}
+        except ValueError as exc:
+            raise ConfigError(
+                f"verify_ms keys must be context lengths, got {list(curves)}"
+            ) from exc
+        wanted = min(by_context) if context is None else context
+        chosen = min(by_context, key=lambda c: (abs(c - wanted), c))
+        curve = by_context[chosen]
+        require(
+            isinstance(curve, list)
+            and len(curve) > 0
+            and all(isinstance(ms, int | float) for ms in curve),
+            f"verify_ms['{chosen}'] must be a non-empty list of milliseconds",
+        )
+        return cls([(i + 1, ms / 1000.0) for i, ms in enumerate(curve)], context=chosen)
+
+    def __call__(self, n: float) -> float:
+        require(n >= 1, f"verify latency needs n >= 1 tokens, got {n}")
+        pts = self.points
+        if n <= pts[0][0]:
+            return pts[0][1]
+        if n >= pts[-1][0]:
+            if len(pts) == 1:
+                return pts[0][1]
+            (n0, t0), (n1, t1) = pts[-2], pts[-1]
+            return t1 + max((t1 - t0) / (n1 - n0), 0.0) * (n - n1)
+        i = bisect.bisect_left(pts, n, key=lambda point: point[0])
+        (n0, t0), (n1, t1) = pts[i - 1], pts[i]
+        return t0 + (t1 - t0) * (n - n0) / (n1 - n0)
+
+    def __repr__(self) -> str:
+        return f"VerifyLatency({len(self.points)} points, context={self.context})"
+
+
+def choose_length(
+    p: Sequence[float],
+    latency: Latency,
+    plus_one: bool = True,
+    realized: Sequence[float] | None = None,
+) -> int:
+    """Single request: the first local maximum of G(γ) walking up from γ = 0 (the paper's rule;
+    G is concave when T is, so that is the maximum). Starting at 0 lets SV fall back to plain
+    target decoding when the drafts look hopeless.
+
+    `p` is what the decision to add position γ+1 may use for that position; `realized` (default
+    `p`) is what positions already added count for. SV passes a forecast that does not look at
+    the drafted token itself as `p` under sampling (see policies/sv.py for why).
+
+    With `plus_one` off (the paper's possible formula), G(0) = 0, so γ = 1 wins whenever p_1 > 0:
+    the walk then effectively starts at the paper's γ = 1.
+    """
+    return allocate_batch([p], latency, [realized] if realized is not None else None, plus_one)[0]
+
+
+def allocate_batch(
+    p_rows: Sequence[Sequence[float]],
+    latency: Latency,
+    realized_rows: Sequence[Sequence[float]] | None = None,
+    plus_one: bool = True,
+) -> list[int]:
+    """Per-request verification lengths for one batched target pass (METHODS.md §3.4).
+
+    Every row verifies its pending token (E_tot = B tokens, n_tot = B fed). Greedily give one more
+    drafted position to the row with the largest marginal gain Π_{i≤γ_q} r_{q,i} · p_{q,γ_q+1}
+    while that raises the batch goodput E_tot / T(n_tot), where r are the realized values
+    (`realized_rows`, default p) of positions already given. A row's marginals only shrink, so
+    the greedy order always extends some row's prefix. A max-heap (ties: lowest row) makes this
+    O(B·γ·log B). Stops at the first non-improving step (T is a step function under GPU tiling,
+    so this can stop early; METHODS.md leaves lookahead optional). A row never exceeds len(p_row).
+    `plus_one` off drops each row's own token from E_tot (the paper's possible formula).
+    """
+    rows = [_probabilities(row, f"p_rows[{q}]") for q, row in enumerate(p_rows)]
+    if realized_rows is None:
+        realized = rows
+    else:
+        realized = [_probabilities(r, f"realized_rows[{q}]") for q, r in enumerate(realized_rows)]
+        require(
+            [len(r) for r in realized] == [len(r) for r in rows],
+            "realized_rows must have the shape of p_rows",
+        )
+    gammas = [0] * len(rows)
+    if not rows:
+        return gammas
+    prefixes = [1.0] * len(rows)
+    expected, fed = float(len(rows)) if plus_one else 0.0, len(rows)
+    seconds = _seconds(latency, fed)
+    heap = [(-row[0], q) for q, row in enumerate(rows) if row]
+    heapq.heapify(heap)
+    while heap:
+        gain, q = -heap[0][0], heap[0][1]
+        next_seconds = _seconds(latency, fed + 1)
+        if (expected + gain) / next_seconds <= expected / seconds:
+            break
+        heapq.heappop(heap)
+        prefixes[q] *= realized[q][gammas[q]]
+        gammas[q] += 1
+        expected, fed, seconds = expected + prefixes[q], fed + 1, next_seconds
+        if gammas[q] < len(rows[q]):
+            heapq.heappush(heap, (-prefixes[q] * rows[q][gammas[q]], q))
+    return gammas

@@ -1,0 +1,50 @@
+"""SVIP: stop drafting when the draft's own entropy says a rejection is coming (paper 003).
+
+The acceptance probability of a drafted token is β = 1 − TV(p, q) ≳ 1 − sqrt(c·H(q)) (Pinsker
+plus the paper's cross-entropy approximation), so a draft that is unsure of its token is likely
+to be rejected, and drafting past it wastes draft steps. Rule as in the authors' code
+(METHODS.md §5.1): H is the entropy in nats of the draft's raw logits at temperature 1; after
+appending a token, stop if sqrt(c·H) > h, i.e. H > h²/c (0.6 nats for the defaults). The
+high-entropy token itself is kept (keep-then-stop); at least one and at most `max_k` tokens.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from specpilot.config import require
+from specpilot.policies.base import DraftToken
+from specpilot.sampling import entropy
+from specpilot.types import StepRecord
+
+
+@dataclass
+class SvipPolicy:
+    c: float = 0.15
+    h: float = 0.3
+    max_k: int = 40
+
+    def __post_init__(self) -> None:
+        require(self.c > 0, f"svip c must be > 0, got {self.c}")
+        require(self.h >= 0, f"svip h must be >= 0, got {self.h}")
+        require(1 <= self.max_k <= 64, f"svip max_k must be in 1..64, got {self.max_k}")
+
+    @property
+    def entropy_limit(self) -> float:
+        """Entropy (nats) above which drafting stops: sqrt(c·H) > h ⇔ H > h²/c."""
+        return self.h * self.h / self.c
+
+    def reset(self) -> None:
+        pass
+
+    def draft_budget(self) -> int:
+        return self.max_k
+
+    def continue_drafting(self, drafted: DraftToken) -> bool:
+        if drafted.logits is None:  # model-free drafters (n-gram) carry no distribution
+            return True
+        return math.sqrt(self.c * float(entropy(drafted.logits))) <= self.h
+
+    def observe(self, record: StepRecord) -> None:
+        pass
