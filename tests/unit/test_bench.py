@@ -170,6 +170,9 @@ def test_batched_bench_is_lossless_and_reports_goodput(capsys, folders, tmp_path
     for method in ("ar", "sd:k=3", "sd:policy=svip"):
         assert rows[(method, "all")]["greedy_mismatches"] == 0
         assert rows[(method, "all")]["tokens_per_s"] > 0
+    png = tmp_path / "goodput.png"
+    assert main(["plot-batches", str(out_file), "--out", str(png)]) == 0
+    assert png.stat().st_size > 0
 
 
 def test_prompt_sample_follows_the_seed(tmp_path):

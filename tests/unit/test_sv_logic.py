@@ -343,3 +343,17 @@ def test_verify_latency_errors():
         VerifyLatency([(1, 0.0)])
     with pytest.raises(ConfigError, match="n >= 1"):
         VerifyLatency([(1, 0.01)])(0)
+
+
+def test_corrected_information_gain_removes_small_sample_bias():
+    from specpilot.policies.sv_table import information_gain
+
+    rng = np.random.default_rng(3)
+    n = 800
+    s, a = rng.uniform(0, 1, n), rng.uniform(0, 0.99, n)
+    alpha = (rng.uniform(0, 1, n) < 0.7).astype(float)  # independent of S and A
+    gain = information_gain(s, a, alpha)
+    assert gain["IG_SA"] > 0.1  # plug-in: many cells, few records, looks informative
+    assert gain["IG_SA_corrected"] < 0.03
+    informative = information_gain(s, a, (rng.uniform(0, 1, n) < s).astype(float))
+    assert informative["IG_S_corrected"] > 0.1

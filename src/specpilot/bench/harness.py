@@ -5,7 +5,9 @@ back to back (so slow drift of the machine hits all methods alike), `repeats` ti
 prompt is run once per method before measuring (warm-up, excluded). Throughput per (method,
 category) is Σ tokens / Σ seconds within one repeat, and the reported value is the median over
 repeats; speedup divides by `ar`'s median in the same category.
-Greedy identity compares each method's token ids with `ar`'s from the same run.
+Greedy identity compares each method's token ids with `ar`'s from the same run. In batched runs
+draft_s/verify_s/other_s add up every row's view of the shared batch time (about B × the wall
+time of a full batch); tokens/s is charged once (methods.py).
 """
 
 from __future__ import annotations
@@ -91,6 +93,11 @@ def _stats_of(prompt_runs: list[PromptRuns]) -> GenerationStats | None:
     return GenerationStats.combined(parts) if parts else None
 
 
+def _per_step(stats: GenerationStats | None, field: str) -> float | None:
+    """Mean of a per-step count (drafted, verified, accepted tokens) over verify steps."""
+    return getattr(stats, field) / stats.steps if stats and stats.steps else None
+
+
 def _histogram(stats: GenerationStats) -> list[int]:
     """Steps by number of accepted draft tokens (index = num_accepted)."""
     counts = [0] * (max((r.num_accepted for r in stats.records), default=0) + 1)
@@ -149,14 +156,11 @@ def summarize(results: dict[str, list[PromptRuns]], greedy: bool) -> list[dict]:
                     if baseline_speed.get(category)
                     else None,
                     "mean_accepted_tokens": stats.mean_accepted_tokens if stats else None,
-                    "mean_draft_length": stats.drafted / stats.steps
-                    if stats and stats.steps
-                    else None,
+                    "mean_draft_length": _per_step(stats, "drafted"),
+                    "mean_verify_length": _per_step(stats, "verified"),
                     # the longest draft that would have been fully accepted, per step: exact after
                     # a rejection, a lower bound (the draft length) when all were accepted
-                    "mean_oracle_length": stats.accepted / stats.steps
-                    if stats and stats.steps
-                    else None,
+                    "mean_oracle_length": _per_step(stats, "accepted"),
                     "acceptance_rate": stats.acceptance_rate if stats and stats.verified else None,
                     "draft_s": stats.draft_s if stats else None,
                     "verify_s": stats.verify_s if stats else None,

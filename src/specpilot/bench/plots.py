@@ -87,3 +87,23 @@ def write_plots(rows: list[dict], prefix: Path) -> list[Path]:
         draw(rows, path)
         paths.append(path)
     return paths
+
+
+def batch_goodput_plot(reports: list[dict], path: Path) -> Path:
+    """Throughput over the batch (tokens/s, category "all") against batch size, one line per
+    method, from bench reports that differ in --batch-size."""
+    points: dict[str, list[tuple[int, float]]] = {}
+    for report in reports:
+        size = report["config"].get("batch_size", 1)
+        for row in report["results"]:
+            if row["category"] == "all":
+                points.setdefault(row["method"], []).append((size, row["tokens_per_s"]))
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for method, series in points.items():
+        sizes, speeds = zip(*sorted(series), strict=True)
+        ax.plot(sizes, speeds, marker="o", label=method[:40])
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("batch size")
+    ax.set_ylabel("goodput (tokens/s over the batch)")
+    _finish(fig, ax, path)
+    return path

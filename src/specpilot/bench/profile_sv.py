@@ -142,4 +142,9 @@ def profile_sv(
         ),
         "table": table.to_dict(),
         "verify_ms": verify_ms,
+        "samples": {  # the raw records, to re-bin or re-estimate without re-running
+            "s": [round(x, 5) for x in recorder.s],
+            "a": [round(x, 5) for x in recorder.a],
+            "alpha": [round(x, 5) for x in recorder.alpha],
+        },
     }

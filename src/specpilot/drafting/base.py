@@ -30,6 +30,17 @@ class Drafter(Protocol):
     ) -> Proposal:
         """Draft at most `budget` (>= 1) tokens after `sequence`, asking `policy` after each."""
 
+    def propose_batch(
+        self,
+        sequences: list[list[int]],
+        slots: list[int],
+        budgets: list[int],
+        policies: list[DraftPolicy],
+        sampling: SamplingConfig,
+        generators: list[torch.Generator | None],
+    ) -> list[Proposal]:
+        """`propose` for every row of a batch (row j in cache slot slots[j]; budget 0 → empty)."""
+
 
 def common_prefix_length(a: list[int], b: list[int]) -> int:
     """Length of the longest common prefix (C-speed when one is a prefix of the other)."""
