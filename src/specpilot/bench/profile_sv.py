@@ -18,7 +18,7 @@ from tqdm import tqdm
 from specpilot.api import ModelPair, build_engine, load_companion
 from specpilot.bench.profile import PROFILE_PROMPTS, latency_curve
 from specpilot.config import GenerationConfig, SamplingConfig
-from specpilot.policies.sv import Companion, indicator_probs, indicators
+from specpilot.policies.sv import Companion, acceptance_ratio, indicator_probs, indicators
 from specpilot.policies.sv_table import AcceptanceTable, information_gain
 from specpilot.types import Proposal, StepRecord
 
@@ -75,9 +75,8 @@ class IndicatorRecorder:
             if self.sampling.greedy:
                 alpha = (rows.argmax(-1) == tokens).float()
             else:
-                p_target = indicator_probs(rows, self.sampling).gather(-1, tokens[:, None])[:, 0]
-                p_draft = draft_probs.gather(-1, tokens[:, None])[:, 0]
-                alpha = (p_target / p_draft.clamp_min(1e-30)).clamp(max=1.0)
+                target_probs = indicator_probs(rows, self.sampling)
+                alpha = acceptance_ratio(target_probs, draft_probs, tokens[:, None])[:, 0]
             self.alpha.extend(alpha.tolist())
 
     def observe(self, record: StepRecord) -> None:

@@ -57,10 +57,14 @@ def indicators(
         )
     similarity = torch.minimum(draft_probs, companion_probs).sum(-1)
     index = torch.tensor(tokens, dtype=torch.long).unsqueeze(-1)
-    p_draft = draft_probs.gather(-1, index).squeeze(-1)
-    p_companion = companion_probs.gather(-1, index).squeeze(-1)
-    acceptance = (p_companion / p_draft.clamp_min(1e-30)).clamp(max=1.0)
-    return similarity, acceptance
+    return similarity, acceptance_ratio(companion_probs, draft_probs, index)[:, 0]
+
+
+def acceptance_ratio(probs: torch.Tensor, draft_probs: torch.Tensor, index: torch.Tensor):
+    """min(1, p(t) / q(t)) for the token ids in `index` ([k, m]): the chance that a verifier
+    with distribution p accepts t drawn from q."""
+    ratio = probs.gather(-1, index) / draft_probs.gather(-1, index).clamp_min(1e-30)
+    return ratio.clamp(max=1.0)
 
 
 FORECAST_TOP = 64
@@ -153,7 +157,7 @@ class SvVerifyPolicy:
     def _forecast(self, draft_probs, companion_probs, similarity) -> list[float]:
         """p̄_i = Σ_t q_i(t) p(S_i, A_i(t)) / Σ_t q_i(t) over the draft's top tokens."""
         weights, top = draft_probs.topk(min(FORECAST_TOP, draft_probs.shape[-1]), dim=-1)
-        acceptance = (companion_probs.gather(-1, top) / weights.clamp_min(1e-30)).clamp(max=1.0)
+        acceptance = acceptance_ratio(companion_probs, draft_probs, top)
         s = similarity[:, None].expand_as(acceptance)
         p = torch.from_numpy(
             self.table.lookup(s.reshape(-1).numpy(), acceptance.reshape(-1).numpy())
