@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from specpilot.drafting.layer_split import LayerSplitDrafter
 from specpilot.engine import SpeculativeEngine
 from specpilot.errors import ConfigError
 from specpilot.models import LoadedModel, check_same_tokenizer, load_model
@@ -52,7 +53,7 @@ def build_engine(
     drafter_options: dict | None = None,
     **policy_options,
 ) -> SpeculativeEngine:
-    """An engine from names: drafter in {model, ngram, none} (with `drafter_options`, see
+    """An engine from names: drafter in {model, ngram, dvi, none} (with `drafter_options`, see
     registry.make_drafter); policy a name in registry.POLICIES (with its options) or a ready
     DraftPolicy. "sv" drafts a constant gamma_max and verifies SV's chosen prefix (options
     sv_profile, companion, gamma_max, plus_one; see make_sv)."""
@@ -62,10 +63,12 @@ def build_engine(
         policy, verify_policy = make_sv(models, **policy_options)
     elif isinstance(policy, str):
         policy = make_draft_policy(policy, **policy_options)
+    draft = make_drafter(drafter, models.draft, target, **(drafter_options or {}))
     return SpeculativeEngine(
-        target.runner,
+        # A layer-split drafter verifies through its own view of the target (shared cache).
+        draft.target if isinstance(draft, LayerSplitDrafter) else target.runner,
         target.tokenizer,
-        drafter=make_drafter(drafter, models.draft, **(drafter_options or {})),
+        drafter=draft,
         draft_policy=policy,
         verify_policy=verify_policy,
         eos_ids=eos_token_ids(target.tokenizer, target.path),

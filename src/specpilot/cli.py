@@ -29,6 +29,8 @@ from specpilot.prompts import PromptRecord, answer_conversations, read_prompts_f
 from specpilot.registry import DRAFTERS, POLICIES, make_draft_policy
 
 DEFAULT_POLICY = "constant"
+DEFAULT_TRAIN_PROMPTS = "../shared/data/sharegpt_sample.jsonl"
+"""Relative to the repository root, where the README runs commands."""
 
 
 BATCH_HELP = "prompts decoded together (each row accepts its own number of tokens per step)"
@@ -85,6 +87,23 @@ def add_method_arguments(parser: argparse.ArgumentParser) -> None:
         "(default: the one in --sv-profile)",
     )
     parser.add_argument("--sv-profile", help="SV acceptance profile from `specpilot profile-sv`")
+    parser.add_argument(
+        "--dvi-adapter", help="--drafter dvi: a trained head (`train-dvi --out` folder or adapter)"
+    )
+    parser.add_argument(
+        "--dvi-split", type=int, help="--drafter dvi: target layers that draft (default 2)"
+    )
+
+
+def drafter_options(args: argparse.Namespace) -> dict[str, str]:
+    options = {"draft_vocab": args.draft_vocab} if args.draft_vocab else {}
+    dvi = {"adapter": args.dvi_adapter, "split": args.dvi_split}
+    dvi = {key: value for key, value in dvi.items() if value is not None}
+    if getattr(args, "learn", False):
+        dvi["learn"] = True
+    if dvi and args.drafter != "dvi":
+        raise ConfigError("--dvi-adapter, --dvi-split and --learn belong to --drafter dvi")
+    return {**options, **dvi}
 
 
 def generation_config(args: argparse.Namespace, stop: tuple[str, ...] = ()) -> GenerationConfig:
@@ -176,10 +195,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
     else:
         raise ConfigError("give --prompt TEXT or --prompts-file FILE.jsonl")
     draft = args.draft if args.drafter == "model" else None
+    dvi_options = drafter_options(args)
     models = load_from_args(args, draft)
-    drafter_options = {"draft_vocab": args.draft_vocab} if args.draft_vocab else {}
     engine = build_engine(
-        models, args.drafter, policy, drafter_options, **(options if policy == "sv" else {})
+        models, args.drafter, policy, dvi_options, **(options if policy == "sv" else {})
     )
     size = batch_size(args)
     for first in range(0, len(records), size):
@@ -196,6 +215,60 @@ def cmd_generate(args: argparse.Namespace) -> int:
         )
         for record, results in zip(group, answers, strict=True):
             print_answer(args, record, results, streamed=streamer is not None)
+    learner = getattr(engine.drafter, "learner", None)
+    if learner is not None:
+        steps = f"{learner.updates} updates over {learner.step} steps"
+        print(f"[dvi --learn: {steps}]", file=sys.stderr)
+        if args.dvi_save:
+            engine.drafter.head.save(args.dvi_save)
+            print(f"adapter saved: {args.dvi_save}", file=sys.stderr)
+    return 0
+
+
+def cmd_train_dvi(args: argparse.Namespace) -> int:
+    from specpilot.training.dvi import DviTrainConfig
+    from specpilot.training.dvi.trainer import TrainDviOptions, train_dvi
+
+    config = DviTrainConfig(
+        objective=args.objective,
+        batch_size=args.train_batch,
+        rollout_blocks=args.rollout_blocks,
+        lr=args.lr,
+        seed=args.seed,
+    )
+    options = TrainDviOptions(
+        prompts=args.prompts,
+        steps=args.steps,
+        out=args.out,
+        split=args.split,
+        draft_vocab=args.draft_vocab,
+        lora_rank=args.lora_rank,
+        limit=args.limit,
+        max_new_tokens=args.max_new_tokens,
+        max_prompt_tokens=args.max_prompt_tokens,
+        explore_temperature=args.explore_temperature,
+        save_every=args.save_every,
+    )
+    resolve_dtype(args.dtype, args.device)
+    print(f"loading {args.target} ...", file=sys.stderr)
+    target = load_models(args.target, None, args.dtype, args.device, args.max_length).target
+    out = train_dvi(target, options, config, progress=not args.quiet)
+    print(f"adapter: {out} (use --drafter dvi --dvi-adapter {out})", file=sys.stderr)
+    return 0
+
+
+def cmd_plot_dvi(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from specpilot.bench.plots import dvi_learning_curves
+
+    labels = args.label or [Path(log).parent.name for log in args.logs]
+    if len(labels) != len(args.logs):
+        raise ConfigError(f"give one --label per log ({len(args.logs)}), got {len(labels)}")
+    for log in args.logs:
+        if not Path(log).is_file():
+            raise ConfigError(f"train-dvi log not found: {log}")
+    print(f"plot: {dvi_learning_curves(args.logs, labels, Path(args.out))}", file=sys.stderr)
     return 0
 
 
@@ -475,7 +548,45 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument(
         "--json", action="store_true", help="one JSON object per prompt on stdout"
     )
+    generate.add_argument(
+        "--learn", action="store_true", help="--drafter dvi: keep training the head while decoding"
+    )
+    generate.add_argument("--dvi-save", help="with --learn: save the adapter here at the end")
     generate.set_defaults(run=cmd_generate)
+
+    train = commands.add_parser("train-dvi", help="train DVI's draft head online (KL→RL)")
+    train.add_argument("--target", default=DEFAULT_TARGET, help="model to self-speculate")
+    train.add_argument(
+        "--prompts",
+        default=DEFAULT_TRAIN_PROMPTS,
+        help="prompt stream, JSONL (default: ShareGPT in ../shared/data)",
+    )
+    train.add_argument("--steps", type=int, default=2000, help="training steps (updates)")
+    train.add_argument("--out", required=True, help="folder for checkpoints, log and plot")
+    train.add_argument("--objective", default="full", help="full (KL→RL), kl, pg or ce")
+    train.add_argument("--split", type=int, default=2, help="target layers that draft")
+    train.add_argument("--draft-vocab", type=int, default=None, help="draft head scores N ids")
+    train.add_argument("--lora-rank", type=int, default=8, help="LoRA rank r of the head")
+    train.add_argument("--limit", type=int, default=2000, help="prompts read from the stream")
+    train.add_argument("--max-new-tokens", type=int, default=64, help="tokens per prompt")
+    train.add_argument("--max-prompt-tokens", type=int, default=512)
+    train.add_argument("--explore-temperature", type=float, default=1.0)
+    train.add_argument("--train-batch", type=int, default=64, help="minibatch per update")
+    train.add_argument("--rollout-blocks", type=int, default=8, help="blocks per step")
+    train.add_argument("--lr", type=float, default=5e-4)
+    train.add_argument("--save-every", type=int, default=100, help="steps between checkpoints")
+    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--dtype", default="auto")
+    train.add_argument("--device", default="cpu")
+    train.add_argument("--max-length", type=int, default=2048)
+    train.add_argument("--quiet", action="store_true", help="no progress bar")
+    train.set_defaults(run=cmd_train_dvi)
+
+    plot_dvi = commands.add_parser("plot-dvi", help="acceptance vs step from train-dvi logs")
+    plot_dvi.add_argument("logs", nargs="+", help="train_log.csv files")
+    plot_dvi.add_argument("--label", action="append", help="one per log (default: folder name)")
+    plot_dvi.add_argument("--out", required=True, help="PNG to write")
+    plot_dvi.set_defaults(run=cmd_plot_dvi)
 
     bench = commands.add_parser(
         "bench", help="compare methods against plain decoding on prompt files"

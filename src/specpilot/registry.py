@@ -26,8 +26,15 @@ DRAFT_POLICIES: dict[str, Callable[..., Any]] = {
 POLICIES = (*DRAFT_POLICIES, "sv")
 """Names for --policy: the draft policies, and "sv" (constant drafting + SV verification)."""
 
-DRAFTERS = ("model", "ngram", "none")
-DRAFTER_OPTIONS = {"model": {"draft_vocab"}, "ngram": {"max_ngram", "min_ngram"}, "none": set()}
+DRAFTERS = ("model", "ngram", "dvi", "none")
+DRAFTER_OPTIONS = {
+    "model": {"draft_vocab"},
+    "ngram": {"max_ngram", "min_ngram"},
+    "dvi": {"adapter", "split", "draft_vocab", "share_cache", "learn"},
+    "none": set(),
+}
+DVI_SPLIT = 2
+"""DVI's default split: the target's first 2 layers draft (METHODS.md §2.1)."""
 
 
 def _convert(cls, options: dict[str, Any]) -> dict[str, Any]:
@@ -61,9 +68,20 @@ def make_draft_policy(name: str, **options: Any):
     return cls(**_convert(cls, options))
 
 
-def make_drafter(name: str, draft=None, **options: Any):
+def _flag(value: Any) -> bool:
+    return value.lower() in ("1", "true", "yes", "on") if isinstance(value, str) else bool(value)
+
+
+def _vocabulary(model, size) -> DraftVocabulary | None:
+    if not size:
+        return None
+    return DraftVocabulary.first_ids(int(size), model.tokenizer, model.runner.vocab_size)
+
+
+def make_drafter(name: str, draft=None, target=None, **options: Any):
     """A drafter by name: "model" needs the loaded draft model (option `draft_vocab`: score only
-    the first N ids), "ngram" none (options `max_ngram`, `min_ngram`), "none" → None."""
+    the first N ids), "ngram" none (options `max_ngram`, `min_ngram`), "dvi" the loaded target
+    (see make_dvi_drafter), "none" → None."""
     if name not in DRAFTERS:
         raise ConfigError(f"unknown drafter {name!r}; choose from {', '.join(DRAFTERS)}")
     unknown = set(options) - DRAFTER_OPTIONS[name]
@@ -74,9 +92,58 @@ def make_drafter(name: str, draft=None, **options: Any):
     if name == "model":
         if draft is None:
             raise ConfigError("--drafter model needs a draft model (--draft NAME)")
-        vocabulary = None
-        if options.get("draft_vocab"):
-            size = int(options["draft_vocab"])
-            vocabulary = DraftVocabulary.first_ids(size, draft.tokenizer, draft.runner.vocab_size)
-        return ModelDrafter(draft.runner, vocabulary)
+        return ModelDrafter(draft.runner, _vocabulary(draft, options.get("draft_vocab")))
+    if name == "dvi":
+        learner = None
+        if _flag(options.pop("learn", False)):
+            from specpilot.training.dvi import DviLearner
+
+            learner = DviLearner
+        return make_dvi_drafter(target, learner=learner, **options)
     return NgramDrafter(**_convert(NgramDrafter, options))
+
+
+def make_dvi_drafter(
+    target,
+    adapter: str | None = None,
+    split: int | str | None = None,
+    draft_vocab: int | str | None = None,
+    share_cache: bool | str = True,
+    explore_temperature: float = 0.0,
+    learner=None,
+):
+    """DVI's layer-split self-drafter on the loaded `target`: its first `split` layers (default:
+    the adapter's split, else 2) and a LoRA head, trained from `adapter` (a folder from
+    `train-dvi`) or untrained (B = 0: the early-exit head). `learner`: a DviLearner class (or
+    factory taking the head) to learn online while decoding."""
+    from specpilot.drafting.dvi_head import DraftHead, read_adapter
+    from specpilot.drafting.layer_split import LayerSplitDrafter
+
+    if target is None or not hasattr(target.runner, "run_batch"):
+        raise ConfigError(
+            "the dvi drafter splits the target's layers: it needs a target served by the lean "
+            "decoder backend (Llama/Qwen2 family)"
+        )
+    info = None if adapter is None else read_adapter(adapter)
+    if split is None and info is not None:
+        split = info.shape.split
+    try:
+        split = DVI_SPLIT if split is None else int(split)
+    except ValueError:
+        raise ConfigError(f"dvi split must be an integer layer count, got {split!r}") from None
+    vocabulary = _vocabulary(target, draft_vocab)
+    head = DraftHead(
+        target.runner,
+        split,
+        None if info is None else info.lora,
+        token_ids=None if vocabulary is None else vocabulary.token_ids,
+    )
+    if adapter is not None:
+        head.load(adapter)
+    return LayerSplitDrafter(
+        target.runner,
+        head,
+        share_cache=_flag(share_cache),
+        explore_temperature=explore_temperature,
+        learner=None if learner is None else learner(head),
+    )

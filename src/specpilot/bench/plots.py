@@ -107,3 +107,26 @@ def batch_goodput_plot(reports: list[dict], path: Path) -> Path:
     ax.set_ylabel("goodput (tokens/s over the batch)")
     _finish(fig, ax, path)
     return path
+
+
+def dvi_learning_curves(logs: list[Path], labels: list[str], path: Path, window: int = 25) -> Path:
+    """Batch acceptance rate against training step from `train-dvi` CSV logs (one line per log,
+    a moving average over `window` steps; the raw per-step values faintly behind)."""
+    import csv
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for log, label in zip(logs, labels, strict=True):
+        with open(log, newline="") as source:
+            rows = list(csv.DictReader(source))
+        steps = [int(r["step"]) for r in rows]
+        rates = [float(r["acceptance"]) for r in rows]
+        smooth = [
+            sum(rates[max(0, i - window + 1) : i + 1]) / len(rates[max(0, i - window + 1) : i + 1])
+            for i in range(len(rates))
+        ]
+        (line,) = ax.plot(steps, smooth, label=label)
+        ax.plot(steps, rates, color=line.get_color(), alpha=0.15, linewidth=0.8)
+    ax.set_xlabel("training step (8 verified blocks each)")
+    ax.set_ylabel(f"batch acceptance rate ({window}-step mean)")
+    _finish(fig, ax, path)
+    return path

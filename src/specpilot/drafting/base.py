@@ -41,6 +41,10 @@ class Drafter(Protocol):
     ) -> list[Proposal]:
         """`propose` for every row of a batch (row j in cache slot slots[j]; budget 0 → empty)."""
 
+    # Optional: a drafter that learns online (DVI) also defines
+    #   observe(slot, proposal, target_logits, num_accepted)
+    # which the engine calls after verifying `proposal` (the verified prefix) of that slot.
+
 
 def common_prefix_length(a: list[int], b: list[int]) -> int:
     """Length of the longest common prefix (C-speed when one is a prefix of the other)."""

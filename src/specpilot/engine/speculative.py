@@ -186,9 +186,12 @@ class SpeculativeEngine:
             for row, p, row_logits in zip(rows, proposals, logits, strict=True)
         ]
         verify_s = time.perf_counter() - verify_start
-        for row, proposal, result, num_drafted in zip(
-            rows, proposals, results, drafted, strict=True
+        observe = getattr(self.drafter, "observe", None)
+        for row, proposal, result, num_drafted, row_logits in zip(
+            rows, proposals, results, drafted, logits, strict=True
         ):
+            if observe is not None:
+                observe(row.slot, proposal, row_logits, result.num_accepted)
             emitted = row.commit(result.emitted(proposal.tokens))
             self.target.rollback(len(row.sequence) - 1, slot=row.slot)
             record = StepRecord(

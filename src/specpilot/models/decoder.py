@@ -323,7 +323,6 @@ class DecoderRunner:
     def forward(self, input_ids: list[int], logits: LogitRows = "all") -> torch.Tensor | None:
         return self.run(input_ids, logits=logits).logits
 
-    @torch.inference_mode()
     def forward_batch(
         self,
         rows: list[list[int]],
@@ -335,31 +334,56 @@ class DecoderRunner:
 
         Returns per row [rows, vocab] float32 logits ("all": every new token, "last": the last
         one, "none": None); `head` scores other LM-head rows (a reduced draft vocabulary)."""
+        return [out and out.logits for out in self.run_batch(rows, slots, logits=logits, head=head)]
+
+    @torch.inference_mode()
+    def run_batch(
+        self,
+        rows: list[list[int]] | list[torch.Tensor],
+        slots: list[int],
+        *,
+        start_layer: int = 0,
+        end_layer: int | None = None,
+        logits: LogitRows = "all",
+        head: torch.Tensor | None = None,
+    ) -> list[RunnerOutput | None]:
+        """Run layers [start_layer, end_layer) over every row's new positions in one pass.
+
+        Layer 0 takes token-id rows; a later start layer takes hidden-state rows ([n, hidden],
+        e.g. what layer-split drafting already computed). Per row: a RunnerOutput with that
+        layer's hidden states and, when end_layer is the last layer, the logits asked for; None
+        for an empty row."""
         if len(set(slots)) != len(slots) or not all(0 <= s < self.batch_size for s in slots):
             raise ValueError(f"slots must be distinct and in 0..{self.batch_size - 1}: {slots}")
-        live = [j for j, row in enumerate(rows) if row]
+        end_layer = self.num_layers if end_layer is None else end_layer
+        live = [j for j, row in enumerate(rows) if len(row)]
+        out: list[RunnerOutput | None] = [None] * len(rows)
         if not live:
-            return [None] * len(rows)
+            return out
         segments, offset = [], 0
         for j in live:
-            segments.append(self._segment(slots[j], offset, len(rows[j]), 0, self.num_layers))
-            offset += len(rows[j])
-        ids = torch.tensor([t for j in live for t in rows[j]], dtype=torch.long)
-        x = F.embedding(ids.to(self.device), self.embed)
-        for i in range(self.num_layers):
+            n = len(rows[j])
+            segments.append(self._segment(slots[j], offset, n, start_layer, end_layer))
+            offset += n
+        if start_layer == 0:
+            ids = torch.tensor([t for j in live for t in rows[j]], dtype=torch.long)
+            x = F.embedding(ids.to(self.device), self.embed)
+        else:
+            x = torch.cat([rows[j] for j in live]).to(self.dtype)
+        for i in range(start_layer, end_layer):
             x = self._layer(i, x, segments)
-        self._advance(segments, 0, self.num_layers)
-        out: list[torch.Tensor | None] = [None] * len(rows)
-        if logits == "none":
-            return out
+        self._advance(segments, start_layer, end_layer)
         picks = [
             seg.rows if logits == "all" else slice(seg.rows.stop - 1, seg.rows.stop)
             for seg in segments
         ]
-        scored = self.logits_from_hidden(torch.cat([x[p] for p in picks]), head)
+        scored = None
+        if end_layer == self.num_layers and logits != "none":
+            scored = self.logits_from_hidden(torch.cat([x[p] for p in picks]), head)
         offset = 0
-        for j, p in zip(live, picks, strict=True):
+        for j, seg, p in zip(live, segments, picks, strict=True):
             n = p.stop - p.start
-            out[j] = scored[offset : offset + n]
+            row_logits = None if scored is None else scored[offset : offset + n]
+            out[j] = RunnerOutput(row_logits, x[seg.rows])
             offset += n
         return out

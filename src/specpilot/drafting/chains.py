@@ -1,0 +1,77 @@
+"""The drafting loop shared by model drafters: one scoring call per drafted position over the
+rows still drafting, each row choosing its token and stopping at its own budget or policy."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch
+
+from specpilot.config import SamplingConfig
+from specpilot.models.vocab import DraftVocabulary
+from specpilot.policies.base import DraftPolicy, DraftToken
+from specpilot.sampling import logits_to_probs, sample
+from specpilot.types import Proposal
+
+Scorer = Callable[[list[int], list[list[int]]], torch.Tensor]
+"""score(rows, feeds): feed each listed row its tokens; return [len(rows), draft vocab] logits
+of the token that follows."""
+
+
+def draft_chains(
+    score: Scorer,
+    feeds: list[list[int]],
+    budgets: list[int],
+    policies: list[DraftPolicy],
+    sampling: SamplingConfig,
+    generators: list[torch.Generator | None],
+    vocabulary: DraftVocabulary | None = None,
+) -> list[Proposal]:
+    """Draft a chain per row: greedy or sampled from the draft logits (over `vocabulary` if
+    given, reported over the full vocabulary), asking the row's policy after every token."""
+    start = time.perf_counter()
+    tokens: list[list[int]] = [[] for _ in feeds]
+    probs: list[list[torch.Tensor]] = [[] for _ in feeds]
+    raw: list[list[torch.Tensor]] = [[] for _ in feeds]
+    feeds = list(feeds)
+    drafting = [j for j, budget in enumerate(budgets) if budget > 0]
+    while drafting:
+        logits = score(drafting, [feeds[j] for j in drafting])
+        still = []
+        for j, row_logits in zip(drafting, logits, strict=True):
+            if sampling.greedy:
+                index = int(row_logits.argmax())
+            else:
+                row_probs = logits_to_probs(row_logits, sampling)
+                index = sample(row_probs, generators[j])
+                probs[j].append(
+                    row_probs if vocabulary is None else vocabulary.to_full_probs(row_probs)
+                )
+            token = index if vocabulary is None else vocabulary.to_full_id(index)
+            tokens[j].append(token)
+            raw[j].append(row_logits)
+            drafted = DraftToken(len(tokens[j]) - 1, token, row_logits)
+            if policies[j].continue_drafting(drafted) and len(tokens[j]) < budgets[j]:
+                feeds[j] = [token]
+                still.append(j)
+        drafting = still
+    seconds = time.perf_counter() - start
+    return [
+        Proposal(t, torch.stack(p) if p else None, seconds, torch.stack(r) if r else None)
+        for t, p, r in zip(tokens, probs, raw, strict=True)
+    ]
+
+
+class BatchOfOne:
+    """`propose` for drafters that implement `propose_batch`: a batch of one in cache slot 0."""
+
+    def propose(
+        self,
+        sequence: list[int],
+        budget: int,
+        policy: DraftPolicy,
+        sampling: SamplingConfig,
+        generator: torch.Generator | None,
+    ) -> Proposal:
+        return self.propose_batch([sequence], [0], [budget], [policy], sampling, [generator])[0]

@@ -1,0 +1,1 @@
+"""Trainers that improve drafters and policies from logged decoding steps."""

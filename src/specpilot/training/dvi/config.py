@@ -1,0 +1,77 @@
+"""DVI training hyperparameters (METHODS.md §2.4 [REC] defaults) and the ablation objectives."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from specpilot.config import require
+
+OBJECTIVES = ("full", "kl", "pg", "ce")
+"""full: the KL→RL schedule; kl: distillation only; pg: on-policy REINFORCE only; ce: the
+reward-masked cross-entropy (L_pg) only (the paper's ablations, METHODS.md §2.4)."""
+
+
+@dataclass(frozen=True)
+class DviTrainConfig:
+    objective: str = "full"
+    batch_size: int = 64
+    """Minibatch drawn from the replay buffer per update."""
+    rollout_blocks: int = 8
+    """Verified blocks per training step (one update per step)."""
+    buffer_capacity: int = 4096
+    warmup_steps: int = 40
+    """T_warmup: updates with the KL term only."""
+    ramp_steps: int = 80
+    """T_ramp: updates over which λ_pg rises to pg_max and λ_kl falls to kl_min."""
+    kl_start: float = 1.0
+    kl_min: float = 0.05
+    pg_max: float = 1.0
+    ce_weight: float = 0.1
+    entropy_weight: float = 0.0
+    kl_temperature: float = 1.0
+    kl_direction: str = "forward"
+    """forward = KL(p_target^τ ‖ p_draft) (the authors' code); reverse = KL(p_draft ‖ p_target^τ)
+    (the paper's text)."""
+    ce_target: str = "verifier_argmax"
+    """What L_CE fits: the verifier's argmax (always a correct label) or the drafted token."""
+    rl_weight: float = 1.0
+    baseline_decay: float = 0.9
+    anchor_start: float = 0.5
+    anchor_min: float = 0.05
+    anchor_steps: int = 2000
+    """β(t), the policy step's KL anchor, decays linearly from anchor_start to anchor_min."""
+    lr: float = 5e-4
+    """AdamW learning rate of the LoRA factors."""
+    scale_lr: float = 1e-2
+    """Learning rate of the head's log logit scale (0 keeps the scale at 1). Adam moves each
+    parameter by about lr per update, so at the LoRA's rate the scale would need thousands of
+    updates to reach the 1/4 an early exit wants."""
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        require(
+            self.objective in OBJECTIVES,
+            f"objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}",
+        )
+        require(
+            self.kl_direction in ("forward", "reverse"),
+            f"kl_direction must be forward or reverse, got {self.kl_direction!r}",
+        )
+        require(
+            self.ce_target in ("verifier_argmax", "draft_action"),
+            f"ce_target must be verifier_argmax or draft_action, got {self.ce_target!r}",
+        )
+        for name in ("batch_size", "rollout_blocks", "buffer_capacity", "anchor_steps"):
+            require(getattr(self, name) >= 1, f"{name} must be >= 1, got {getattr(self, name)}")
+        require(self.buffer_capacity >= self.batch_size, "buffer_capacity must be >= batch_size")
+        for name in ("warmup_steps", "ramp_steps"):
+            require(getattr(self, name) >= 0, f"{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("kl_start", "kl_min", "pg_max", "ce_weight", "entropy_weight", "rl_weight"):
+            require(getattr(self, name) >= 0, f"{name} must be >= 0, got {getattr(self, name)}")
+        require(self.kl_temperature > 0, f"kl_temperature must be > 0, got {self.kl_temperature}")
+        require(0 <= self.baseline_decay < 1, "baseline_decay must be in [0, 1)")
+        require(self.lr > 0, f"lr must be > 0, got {self.lr}")
+        require(self.scale_lr >= 0, f"scale_lr must be >= 0, got {self.scale_lr}")
+        require(self.grad_clip > 0, f"grad_clip must be > 0, got {self.grad_clip}")
