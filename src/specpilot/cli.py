@@ -60,6 +60,12 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+VOCAB_CORPUS_HELP = (
+    "with --draft-vocab N: the N tokens most frequent in this text or JSONL file "
+    "(default: the first N ids)"
+)
+
+
 def add_method_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--drafter", choices=DRAFTERS, default="model", help="none = plain decoding"
@@ -68,8 +74,9 @@ def add_method_arguments(parser: argparse.ArgumentParser) -> None:
         "--draft-vocab",
         type=int,
         default=None,
-        help="draft scores only the first N token ids (+ specials): a cheaper draft head",
+        help="draft scores only N token ids (+ specials): a cheaper draft head",
     )
+    parser.add_argument("--draft-vocab-corpus", help=VOCAB_CORPUS_HELP)
     parser.add_argument("--policy", choices=sorted(POLICIES), default=DEFAULT_POLICY)
     parser.add_argument(
         "--k", type=int, default=None, help=f"draft length for --policy constant ({DEFAULT_K})"
@@ -97,6 +104,8 @@ def add_method_arguments(parser: argparse.ArgumentParser) -> None:
 
 def drafter_options(args: argparse.Namespace) -> dict[str, str]:
     options = {"draft_vocab": args.draft_vocab} if args.draft_vocab else {}
+    if args.draft_vocab_corpus:
+        options["draft_vocab_corpus"] = args.draft_vocab_corpus
     dvi = {"adapter": args.dvi_adapter, "split": args.dvi_split}
     dvi = {key: value for key, value in dvi.items() if value is not None}
     if getattr(args, "learn", False):
@@ -233,6 +242,7 @@ def cmd_train_dvi(args: argparse.Namespace) -> int:
         objective=args.objective,
         batch_size=args.train_batch,
         rollout_blocks=args.rollout_blocks,
+        updates_per_step=args.updates_per_step,
         lr=args.lr,
         seed=args.seed,
     )
@@ -242,6 +252,7 @@ def cmd_train_dvi(args: argparse.Namespace) -> int:
         out=args.out,
         split=args.split,
         draft_vocab=args.draft_vocab,
+        draft_vocab_corpus=args.draft_vocab_corpus,
         lora_rank=args.lora_rank,
         limit=args.limit,
         max_new_tokens=args.max_new_tokens,
@@ -561,11 +572,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_TRAIN_PROMPTS,
         help="prompt stream, JSONL (default: ShareGPT in ../shared/data)",
     )
-    train.add_argument("--steps", type=int, default=2000, help="training steps (updates)")
+    train.add_argument("--steps", type=int, default=2000, help="training steps")
     train.add_argument("--out", required=True, help="folder for checkpoints, log and plot")
     train.add_argument("--objective", default="full", help="full (KL→RL), kl, pg or ce")
     train.add_argument("--split", type=int, default=2, help="target layers that draft")
     train.add_argument("--draft-vocab", type=int, default=None, help="draft head scores N ids")
+    train.add_argument("--draft-vocab-corpus", help=VOCAB_CORPUS_HELP)
     train.add_argument("--lora-rank", type=int, default=8, help="LoRA rank r of the head")
     train.add_argument("--limit", type=int, default=2000, help="prompts read from the stream")
     train.add_argument("--max-new-tokens", type=int, default=64, help="tokens per prompt")
@@ -573,6 +585,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--explore-temperature", type=float, default=1.0)
     train.add_argument("--train-batch", type=int, default=64, help="minibatch per update")
     train.add_argument("--rollout-blocks", type=int, default=8, help="blocks per step")
+    train.add_argument(
+        "--updates-per-step", type=int, default=1, help="optimizer updates per step (replay ratio)"
+    )
     train.add_argument("--lr", type=float, default=5e-4)
     train.add_argument("--save-every", type=int, default=100, help="steps between checkpoints")
     train.add_argument("--seed", type=int, default=0)

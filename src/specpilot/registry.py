@@ -28,9 +28,9 @@ POLICIES = (*DRAFT_POLICIES, "sv")
 
 DRAFTERS = ("model", "ngram", "dvi", "none")
 DRAFTER_OPTIONS = {
-    "model": {"draft_vocab"},
+    "model": {"draft_vocab", "draft_vocab_corpus"},
     "ngram": {"max_ngram", "min_ngram"},
-    "dvi": {"adapter", "split", "draft_vocab", "share_cache", "learn"},
+    "dvi": {"adapter", "split", "draft_vocab", "draft_vocab_corpus", "share_cache", "learn"},
     "none": set(),
 }
 DVI_SPLIT = 2
@@ -52,7 +52,10 @@ def _convert(cls, options: dict[str, Any]) -> dict[str, Any]:
             raise ConfigError(f"unknown option {key!r} for {cls.__name__} (options: {allowed})")
         kind = hints[key]
         try:
-            converted[key] = kind(value) if isinstance(value, str) else value
+            if kind is bool:
+                converted[key] = _flag(value)
+            else:
+                converted[key] = kind(value) if isinstance(value, str) else value
         except ValueError:
             raise ConfigError(
                 f"option {key}={value!r} of {cls.__name__} must be a {kind.__name__}"
@@ -72,10 +75,12 @@ def _flag(value: Any) -> bool:
     return value.lower() in ("1", "true", "yes", "on") if isinstance(value, str) else bool(value)
 
 
-def _vocabulary(model, size) -> DraftVocabulary | None:
+def _vocabulary(model, size, corpus=None) -> DraftVocabulary | None:
     if not size:
+        if corpus:
+            raise ConfigError("a draft vocabulary corpus needs its size (draft_vocab=N)")
         return None
-    return DraftVocabulary.first_ids(int(size), model.tokenizer, model.runner.vocab_size)
+    return DraftVocabulary.select(int(size), model.tokenizer, model.runner.vocab_size, corpus)
 
 
 def make_drafter(name: str, draft=None, target=None, **options: Any):
@@ -92,7 +97,10 @@ def make_drafter(name: str, draft=None, target=None, **options: Any):
     if name == "model":
         if draft is None:
             raise ConfigError("--drafter model needs a draft model (--draft NAME)")
-        return ModelDrafter(draft.runner, _vocabulary(draft, options.get("draft_vocab")))
+        vocabulary = _vocabulary(
+            draft, options.get("draft_vocab"), options.get("draft_vocab_corpus")
+        )
+        return ModelDrafter(draft.runner, vocabulary)
     if name == "dvi":
         learner = None
         if _flag(options.pop("learn", False)):
@@ -108,6 +116,7 @@ def make_dvi_drafter(
     adapter: str | None = None,
     split: int | str | None = None,
     draft_vocab: int | str | None = None,
+    draft_vocab_corpus: str | None = None,
     share_cache: bool | str = True,
     explore_temperature: float = 0.0,
     learner=None,
@@ -131,7 +140,7 @@ def make_dvi_drafter(
         split = DVI_SPLIT if split is None else int(split)
     except ValueError:
         raise ConfigError(f"dvi split must be an integer layer count, got {split!r}") from None
-    vocabulary = _vocabulary(target, draft_vocab)
+    vocabulary = _vocabulary(target, draft_vocab, draft_vocab_corpus)
     head = DraftHead(
         target.runner,
         split,

@@ -130,6 +130,23 @@ def test_dvi_greedy_with_accepting_head_and_svip(target_model, reference):
     assert result.token_ids == expected.token_ids and result.finish_reason == "eos"
 
 
+@pytest.mark.parametrize("share_cache", [True, False], ids=["shared", "own-cache"])
+def test_dvi_greedy_when_steps_draft_nothing(target_model, reference, share_cache):
+    """SVIP stopping before uncertain tokens: some steps draft nothing and are plain steps
+    (under sharing, through the deep layers on the h_k drafting computed)."""
+    runner = DecoderRunner(target_model)
+    drafter = LayerSplitDrafter(runner, trained_head(runner, 3, std=0.02), share_cache)
+    policy = SvipPolicy(h=0.72, max_k=6, keep_uncertain=False)
+    engine = SpeculativeEngine(drafter.target, TinyTokenizer(), drafter, policy, eos_ids=set())
+    empty = drafted = 0
+    for prompt, expected in zip(PROMPTS, reference, strict=True):
+        result = engine.generate(prompt, GenerationConfig(max_new_tokens=MAX_NEW))
+        assert result.token_ids == expected
+        empty += sum(record.num_drafted == 0 for record in result.stats.records)
+        drafted += result.stats.drafted
+    assert empty > 0 and drafted > 0, (empty, drafted)
+
+
 @pytest.mark.parametrize(
     "share_cache,learn", [(True, False), (False, True)], ids=["shared", "own-cache-learn"]
 )

@@ -103,6 +103,14 @@ def test_svip_sampled_output_follows_target(target, sampling):
     assert chi_square_pvalue(engine, expected, sampling, length=3) > 1e-3
 
 
+@pytest.mark.parametrize("sampling", SAMPLINGS, ids=["t1", "t0.8-topk-topp"])
+def test_svip_stop_before_sampled_output_follows_target(target, sampling):
+    """SVIP stopping before an uncertain token: steps draft zero, one or two tokens."""
+    expected = exact_joint_distribution(target, sampling, length=3)
+    engine = make_engine(target, "model", SvipPolicy(h=0.42, keep_uncertain=False))
+    assert chi_square_pvalue(engine, expected, sampling, length=3) > 1e-3
+
+
 def accept_everything(draft_tokens, draft_probs, target_logits, sampling, generator):
     """Broken on purpose: skips the acceptance test, so the output follows the draft."""
     probs = logits_to_probs(target_logits, sampling)

@@ -12,7 +12,6 @@ import shutil
 
 import pytest
 import torch
-from safetensors import SafetensorError
 from safetensors.torch import load_file
 from tiny import TinyTokenizer, save_tiny, tiny_model
 
@@ -255,6 +254,19 @@ def test_ablation_objectives_train(model, objective):
     assert all(set(m) & terms == expected for m in updated), updated
     assert all(m["loss"] == pytest.approx(m[next(iter(expected))]) for m in updated)
     assert learner.updates == len(updated)
+
+
+def test_several_updates_per_step_keep_the_schedule_per_step(model):
+    runner = DecoderRunner(model)
+    head = DraftHead(runner, 1)
+    config = DviTrainConfig(updates_per_step=3, **SMALL)
+    learner, metrics, _ = train_online(runner, head, config, PROMPTS[:2], max_new=16)
+    updated = [m for m in metrics if "loss" in m]
+    assert len(updated) >= 2
+    assert learner.updates == 3 * len(updated)
+    assert [m["updates"] for m in updated] == [3 * (i + 1) for i in range(len(updated))]
+    # t = the number of earlier updating steps: warm-up (1 step), then the ramp over 2 steps
+    assert [m["lambda_pg"] for m in updated[:4]] == pytest.approx([0.0, 0.0, 0.5, 1.0])
 
 
 # -- resume ----------------------------------------------------------------------------------

@@ -87,6 +87,16 @@ def test_keep_then_stop_and_at_least_one_token():
     assert drafter.propose([1, 2], policy.draft_budget(), policy, SamplingConfig(), None).k == 7
 
 
+def test_stop_before_the_uncertain_token_may_draft_nothing():
+    # keep_uncertain=False: the high-entropy third position is not drafted at all
+    drafter = ModelDrafter(ScriptedRunner([0.1] * 4 + [2.0] + [0.1] * 10))
+    policy = SvipPolicy(keep_uncertain=False)
+    assert drafter.propose([1, 2], 40, policy, SamplingConfig(), None).k == 2
+    drafter = ModelDrafter(ScriptedRunner([3.0]))  # hopeless from the start: nothing drafted
+    assert drafter.propose([1, 2], 40, policy, SamplingConfig(), None).k == 0
+    assert make_draft_policy("svip", keep_uncertain="0").keep_uncertain is False
+
+
 @pytest.mark.parametrize("options", [{"c": "0"}, {"h": "-1"}, {"max_k": "0"}, {"max_k": "65"}])
 def test_bad_options_are_config_errors(options):
     with pytest.raises(ConfigError):

@@ -29,7 +29,8 @@ def draft_chains(
     vocabulary: DraftVocabulary | None = None,
 ) -> list[Proposal]:
     """Draft a chain per row: greedy or sampled from the draft logits (over `vocabulary` if
-    given, reported over the full vocabulary), asking the row's policy after every token."""
+    given, reported over the full vocabulary), asking the row's policy before drawing each token
+    and after it."""
     start = time.perf_counter()
     tokens: list[list[int]] = [[] for _ in feeds]
     probs: list[list[torch.Tensor]] = [[] for _ in feeds]
@@ -40,6 +41,8 @@ def draft_chains(
         logits = score(drafting, [feeds[j] for j in drafting])
         still = []
         for j, row_logits in zip(drafting, logits, strict=True):
+            if not policies[j].admits(row_logits):
+                continue
             if sampling.greedy:
                 index = int(row_logits.argmax())
             else:

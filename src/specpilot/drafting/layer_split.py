@@ -124,14 +124,17 @@ class LayerSplitDrafter(BatchOfOne):
         proposals = draft_chains(
             score, feeds, budgets, policies, self.explore or sampling, generators, self.vocabulary
         )
-        drafted = [j for j, proposal in enumerate(proposals) if proposal.tokens]
+        # A row whose policy drafted nothing still ran the shallow layers on its last token: its
+        # block keeps that h_k, so the plain step that verifies it runs only the deep layers.
+        ran = [j for j in range(len(sequences)) if hidden[j]]
+        drafted = [j for j in ran if proposals[j].tokens]
         if self.share_cache and drafted:
             # One more shallow step, so the verifier has h_k of the last draft too.
             last_tokens = [proposals[j].tokens[-1:] for j in drafted]
             shallow = self._shallow(last_tokens, [slots[j] for j in drafted])
             for j, h in zip(drafted, shallow, strict=True):
                 hidden[j].append(h)
-        for j in drafted:
+        for j in ran:
             self.blocks[slots[j]] = DraftedBlock(
                 len(sequences[j]) - 1,
                 sequences[j][-1:] + proposals[j].tokens,

@@ -6,15 +6,20 @@ the draft proposes from (and, when sampling, reports probabilities over) the sub
 elsewhere, and the target verifies as usual; only the acceptance rate can suffer when the target
 wants a token outside the subset.
 
-Which ids: byte-level BPE vocabularies are ordered by merge rank, a good proxy for frequency, so
-the first N ids (plus every special token, which end turns) are the subset by default.
+Which ids: the N most frequent tokens of a corpus (`from_corpus`), or, without one, the first N
+ids: byte-level BPE vocabularies are ordered by merge rank, a rough proxy for frequency. Every
+special token (they end turns) is always in the subset.
 """
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import torch
 
 from specpilot.config import require
+from specpilot.errors import ConfigError
 
 
 class DraftVocabulary:
@@ -32,14 +37,40 @@ class DraftVocabulary:
     def first_ids(cls, size: int, tokenizer, full_size: int) -> DraftVocabulary:
         """The `size` lowest ids plus all special tokens."""
         require(size >= 1, f"draft vocabulary size must be >= 1, got {size}")
+        return cls._with_specials(torch.arange(min(size, full_size)), tokenizer, full_size)
+
+    @classmethod
+    def from_corpus(
+        cls, size: int, tokenizer, full_size: int, corpus: str | Path
+    ) -> DraftVocabulary:
+        """The `size` ids most frequent in `corpus` (ties: lower id first) plus all special
+        tokens. Ids the corpus never uses fill up the subset in id order, so it always has
+        `size` ordinary ids."""
+        require(size >= 1, f"draft vocabulary size must be >= 1, got {size}")
+        counts = torch.zeros(full_size, dtype=torch.long)
+        for text in corpus_texts(corpus):
+            ids = torch.tensor(tokenizer(text, add_special_tokens=False)["input_ids"])
+            counts += torch.bincount(ids[ids < full_size], minlength=full_size)
+        # A stable sort on −count keeps id order among equal counts.
+        order = torch.sort(-counts, stable=True).indices
+        return cls._with_specials(order[: min(size, full_size)], tokenizer, full_size)
+
+    @classmethod
+    def _with_specials(cls, ids: torch.Tensor, tokenizer, full_size: int) -> DraftVocabulary:
         special = [
             i for i in getattr(tokenizer, "all_special_ids", []) if i is not None and i < full_size
         ]
         added = [i for i in getattr(tokenizer, "added_tokens_decoder", {}) if i < full_size]
-        ids = torch.cat(
-            [torch.arange(min(size, full_size)), torch.tensor(special + added, dtype=torch.long)]
-        )
-        return cls(ids, full_size)
+        return cls(torch.cat([ids, torch.tensor(special + added, dtype=torch.long)]), full_size)
+
+    @classmethod
+    def select(
+        cls, size: int, tokenizer, full_size: int, corpus: str | Path | None = None
+    ) -> DraftVocabulary:
+        """From `corpus` if one is given, else the first ids."""
+        if corpus:
+            return cls.from_corpus(size, tokenizer, full_size, corpus)
+        return cls.first_ids(size, tokenizer, full_size)
 
     def __len__(self) -> int:
         return len(self._ids_list)
@@ -55,3 +86,34 @@ class DraftVocabulary:
         """[subset] probabilities → [full_size], zero outside the subset."""
         full = torch.zeros(self.full_size, dtype=probs.dtype)
         return full.index_copy_(0, self.token_ids, probs)
+
+
+def corpus_texts(path: str | Path) -> list[str]:
+    """The text of a corpus file: for JSONL every string value of every object (ShareGPT
+    conversations, prompt and answer fields alike), for any other file its whole text."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"draft vocabulary corpus not found: {path}")
+    text = path.read_text(encoding="utf-8", errors="replace")
+    if path.suffix != ".jsonl":
+        chunk = 1 << 20  # tokenizers are slow on one huge string
+        return [text[i : i + chunk] for i in range(0, len(text), chunk)]
+    texts: list[str] = []
+
+    def collect(value) -> None:
+        if isinstance(value, str):
+            texts.append(value)
+        elif isinstance(value, dict):
+            for item in value.values():
+                collect(item)
+        elif isinstance(value, list):
+            for item in value:
+                collect(item)
+
+    for number, line in enumerate(text.splitlines(), start=1):
+        if line.strip():
+            try:
+                collect(json.loads(line))
+            except json.JSONDecodeError as error:
+                raise ConfigError(f"{path}:{number}: not valid JSON ({error.msg})") from None
+    return texts

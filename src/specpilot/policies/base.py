@@ -1,6 +1,7 @@
 """Plug points for adaptive methods: how far to draft, and how much of a draft to verify.
 
-A `DraftPolicy` sees each drafted token as it is drafted and may stop drafting after it; it never
+A `DraftPolicy` sees each draft distribution before its token is drawn and may stop there (the
+decision depends only on the prefix), and sees each drafted token and may stop after it; it never
 removes a token it has already let through (that would change the proposal distribution and
 break losslessness, DESIGN.md §1). A `VerifyPolicy` may truncate a finished chain to a prefix
 before verification, which is safe. Both observe each step's outcome.
@@ -32,6 +33,10 @@ class DraftPolicy(Protocol):
 
     def draft_budget(self) -> int:
         """Most tokens to draft in the coming step."""
+
+    def admits(self, logits: torch.Tensor) -> bool:
+        """Whether to draft a token from these draft logits ([vocab]) at all. Decided before
+        the token is drawn, so stopping here depends on the prefix alone (lossless)."""
 
     def continue_drafting(self, drafted: DraftToken) -> bool:
         """Whether to draft another token after `drafted` (the budget still caps it)."""

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
+
 from specpilot.config import require
 from specpilot.policies.base import DraftToken
 from specpilot.types import StepRecord
@@ -24,6 +26,9 @@ class ConstantPolicy:
 
     def draft_budget(self) -> int:
         return self.k
+
+    def admits(self, logits: torch.Tensor) -> bool:
+        return True
 
     def continue_drafting(self, drafted: DraftToken) -> bool:
         return True
@@ -59,6 +64,9 @@ class HeuristicPolicy:
 
     def draft_budget(self) -> int:
         return self.k
+
+    def admits(self, logits: torch.Tensor) -> bool:
+        return True
 
     def continue_drafting(self, drafted: DraftToken) -> bool:
         return True

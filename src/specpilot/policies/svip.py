@@ -6,12 +6,22 @@ to be rejected, and drafting past it wastes draft steps. Rule as in the authors'
 (METHODS.md §5.1): H is the entropy in nats of the draft's raw logits at temperature 1; after
 appending a token, stop if sqrt(c·H) > h, i.e. H > h²/c (0.6 nats for the defaults). The
 high-entropy token itself is kept (keep-then-stop); at least one and at most `max_k` tokens.
+
+`keep_uncertain=False` applies the same rule before the token instead: drafting stops at a
+distribution whose entropy is over the limit without drawing from it, so a step may draft
+nothing and be one plain decoding step. The decision still depends on the prefix alone, so it
+stays lossless. It suits drafters whose first token is often hopeless and whose cost is mostly
+paid before the entropy is known (DVI's shallow layers: a step that drafts nothing skips the
+extra shallow step and the wider verification). The DVI authors' code has the same kind of stop
+(`--spec-adaptive`, max p < 0.6).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+
+import torch
 
 from specpilot.config import require
 from specpilot.policies.base import DraftToken
@@ -24,6 +34,7 @@ class SvipPolicy:
     c: float = 0.15
     h: float = 0.3
     max_k: int = 40
+    keep_uncertain: bool = True
 
     def __post_init__(self) -> None:
         require(self.c > 0, f"svip c must be > 0, got {self.c}")
@@ -41,10 +52,15 @@ class SvipPolicy:
     def draft_budget(self) -> int:
         return self.max_k
 
+    def certain(self, logits: torch.Tensor | None) -> bool:
+        """sqrt(c·H) <= h; model-free drafters (n-gram) carry no distribution and always pass."""
+        return logits is None or math.sqrt(self.c * float(entropy(logits))) <= self.h
+
+    def admits(self, logits: torch.Tensor) -> bool:
+        return self.keep_uncertain or self.certain(logits)
+
     def continue_drafting(self, drafted: DraftToken) -> bool:
-        if drafted.logits is None:  # model-free drafters (n-gram) carry no distribution
-            return True
-        return math.sqrt(self.c * float(entropy(drafted.logits))) <= self.h
+        return not self.keep_uncertain or self.certain(drafted.logits)
 
     def observe(self, record: StepRecord) -> None:
         pass

@@ -17,7 +17,12 @@ class DviTrainConfig:
     batch_size: int = 64
     """Minibatch drawn from the replay buffer per update."""
     rollout_blocks: int = 8
-    """Verified blocks per training step (one update per step)."""
+    """Verified blocks per training step."""
+    updates_per_step: int = 1
+    """Optimizer updates per training step, each on its own minibatch (the replay ratio). The
+    paper takes one; generation costs far more than an update of the head, so more updates per
+    step learn faster from the same decoded tokens. The schedule counts training steps that
+    updated, so it does not run faster with more updates."""
     buffer_capacity: int = 4096
     warmup_steps: int = 40
     """T_warmup: updates with the KL term only."""
@@ -63,7 +68,13 @@ class DviTrainConfig:
             self.ce_target in ("verifier_argmax", "draft_action"),
             f"ce_target must be verifier_argmax or draft_action, got {self.ce_target!r}",
         )
-        for name in ("batch_size", "rollout_blocks", "buffer_capacity", "anchor_steps"):
+        for name in (
+            "batch_size",
+            "rollout_blocks",
+            "updates_per_step",
+            "buffer_capacity",
+            "anchor_steps",
+        ):
             require(getattr(self, name) >= 1, f"{name} must be >= 1, got {getattr(self, name)}")
         require(self.buffer_capacity >= self.batch_size, "buffer_capacity must be >= batch_size")
         for name in ("warmup_steps", "ramp_steps"):

@@ -1,4 +1,5 @@
-"""DVI's online learner: log verified blocks, and every `rollout_blocks` blocks take one update.
+"""DVI's online learner: log verified blocks, and every `rollout_blocks` blocks update the head
+(`updates_per_step` times; once in the paper).
 
 One update (METHODS.md §2.5, [REC]): a uniform minibatch from the replay buffer gives
 λ_pg·L_pg + λ_kl·KL + w_ce·L_CE − w_ent·H; once the RL phase starts, the tuples of the latest
@@ -107,7 +108,7 @@ class DviLearner:
             "accepted": self.accepted,
         }
         if len(self.buffer) >= self.config.batch_size:
-            metrics.update(self.update())
+            metrics.update(self.update_step())
         metrics["updates"] = self.updates
         self.step += 1
         self._start_step()
@@ -156,15 +157,23 @@ class DviLearner:
         terms["loss"] = total
         return terms
 
-    def update(self) -> dict:
-        """One optimizer update; returns the loss terms and schedule values as floats."""
-        weights = loss_weights(self.updates, self.config)
-        replay = self.buffer.sample(self.config.batch_size, self.generator)
+    def update_step(self) -> dict:
+        """A training step's updates; returns the last one's loss terms and schedule values.
+        The schedule's t is the number of earlier steps that updated; the on-policy batch (this
+        step's tuples) and the EMA baseline are the same for each of the step's updates."""
+        weights = loss_weights(self.updates // self.config.updates_per_step, self.config)
         fresh = None
         if weights.policy and self.fresh:
             fresh = self.buffer.gather(self.fresh)
             decay = self.config.baseline_decay
             self.baseline = decay * self.baseline + (1 - decay) * float(fresh.rewards.mean())
+        for _ in range(self.config.updates_per_step):
+            metrics = self.update(weights, fresh)
+        return metrics
+
+    def update(self, weights: LossWeights, fresh: Batch | None) -> dict:
+        """One optimizer update on a fresh minibatch from the buffer."""
+        replay = self.buffer.sample(self.config.batch_size, self.generator)
         self.head.train()
         with torch.enable_grad():
             terms = self.losses(weights, replay, fresh)

@@ -49,6 +49,8 @@ class TrainDviOptions:
     out: str
     split: int = 2
     draft_vocab: int | None = None
+    draft_vocab_corpus: str | None = None
+    """With draft_vocab: pick the ids most frequent in this corpus file (else the first ids)."""
     lora_rank: int = 8
     limit: int = 2000
     """Prompts read from the stream (one pass)."""
@@ -73,6 +75,10 @@ class TrainDviOptions:
         require(self.draft_length >= 1, f"draft_length must be >= 1, got {self.draft_length}")
         require(self.save_every >= 1, f"save_every must be >= 1, got {self.save_every}")
         require(self.keep_checkpoints >= 1, "keep_checkpoints must be >= 1")
+        require(
+            not self.draft_vocab_corpus or bool(self.draft_vocab),
+            "a draft vocabulary corpus needs the vocabulary's size (--draft-vocab N)",
+        )
 
 
 def read_training_prompts(path: str | Path, limit: int) -> list[str]:
@@ -194,8 +200,9 @@ def train_dvi(
     tokenizer, runner = target.tokenizer, target.runner
     token_ids = None
     if options.draft_vocab:
-        vocabulary = DraftVocabulary.first_ids(options.draft_vocab, tokenizer, runner.vocab_size)
-        token_ids = vocabulary.token_ids
+        token_ids = DraftVocabulary.select(
+            options.draft_vocab, tokenizer, runner.vocab_size, options.draft_vocab_corpus
+        ).token_ids
     torch.manual_seed(config.seed)  # the LoRA initialisation and dropout draw from it
     head = DraftHead(runner, options.split, LoraSettings(rank=options.lora_rank), token_ids)
     meta = {
