@@ -398,34 +398,23 @@ def test_folder_without_metadata_is_refused(model, tmp_path):
         DraftHead(runner, 2).load(tmp_path / "missing")
 
 
-@pytest.mark.parametrize("broken", ["missing-weights", "bad-meta-json", "bad-meta-keys"])
+BROKEN = ["missing-weights", "garbage-weights", "no-peft-config", "bad-meta-json", "bad-meta-keys"]
+
+
+@pytest.mark.parametrize("broken", BROKEN)
 def test_incomplete_adapter_is_refused(model, tmp_path, broken):
     runner = DecoderRunner(model)
     folder = tmp_path / "adapter"
     DraftHead(runner, 2).save(folder)
     if broken == "missing-weights":
         (folder / "adapter_model.safetensors").unlink()
+    elif broken == "garbage-weights":
+        (folder / "adapter_model.safetensors").write_bytes(b"this is not a safetensors file")
+    elif broken == "no-peft-config":
+        (folder / "adapter_config.json").unlink()
     elif broken == "bad-meta-json":
         (folder / META_FILE).write_text("{not json")
     else:
         (folder / META_FILE).write_text(json.dumps({"split": 2}))
     with pytest.raises(ConfigError, match="corrupt or incomplete"):
-        DraftHead(runner, 2).load(folder)
-
-
-def test_corrupt_adapter_weights_are_refused(model, tmp_path):
-    runner = DecoderRunner(model)
-    folder = tmp_path / "adapter"
-    DraftHead(runner, 2).save(folder)
-    (folder / "adapter_model.safetensors").write_bytes(b"this is not a safetensors file")
-    with pytest.raises(ConfigError, match="corrupt or incomplete"):
-        DraftHead(runner, 2).load(folder)
-
-
-def test_adapter_without_peft_config_is_refused(model, tmp_path):
-    runner = DecoderRunner(model)
-    folder = tmp_path / "adapter"
-    DraftHead(runner, 2).save(folder)
-    (folder / "adapter_config.json").unlink()
-    with pytest.raises(ConfigError):
         DraftHead(runner, 2).load(folder)
