@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import typing
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from specpilot.drafting import ModelDrafter, NgramDrafter
@@ -104,9 +105,11 @@ def make_drafter(name: str, draft=None, target=None, **options: Any):
     if name == "dvi":
         learner = None
         if _flag(options.pop("learn", False)):
-            from specpilot.training.dvi import DviLearner
+            from specpilot.training.dvi import DviLearner, DviTrainConfig
 
-            learner = DviLearner
+            # A train-dvi folder's head goes on learning with the settings it was trained with.
+            config = DviTrainConfig.of_run(options.get("adapter"))
+            learner = partial(DviLearner, config=config)
         return make_dvi_drafter(target, learner=learner, **options)
     return NgramDrafter(**_convert(NgramDrafter, options))
 

@@ -14,6 +14,7 @@ from specpilot.cli import main
 from specpilot.drafting.dvi_head import LATEST_FILE, META_FILE
 from specpilot.errors import ConfigError
 from specpilot.registry import make_drafter, make_dvi_drafter
+from specpilot.training.dvi.config import CONFIG_FILE
 
 DTYPE = ["--dtype", "float32", "--max-length", "128"]
 
@@ -223,6 +224,25 @@ def test_generate_learn_and_save(capsys, target, prompts, tmp_path):
     assert (saved / META_FILE).is_file()
     again, _ = answer(capsys, target, "dvi", "--dvi-adapter", saved)
     assert again["token_ids"] == plain["token_ids"]
+
+
+def test_learning_goes_on_with_the_runs_settings(target, trained, tmp_path):
+    """--learn on a train-dvi folder uses the config the head was trained with
+    (train_config.json); on a bare adapter folder, the defaults."""
+    from specpilot import load_models
+    from specpilot.training.dvi import DviTrainConfig
+
+    saved = json.loads((trained / CONFIG_FILE).read_text())
+    assert saved["batch_size"] == 8 and saved["rollout_blocks"] == 2
+    model = load_models(str(target), None, "float32", "cpu", 128).target
+    drafter = make_drafter("dvi", target=model, adapter=str(trained), learn="1")
+    assert drafter.learner.config == DviTrainConfig(**saved)
+    adapter = trained / (trained / LATEST_FILE).read_text().strip() / "adapter"
+    drafter = make_drafter("dvi", target=model, adapter=str(adapter), learn="1")
+    assert drafter.learner.config == DviTrainConfig()
+    (tmp_path / CONFIG_FILE).write_text("{not json")
+    with pytest.raises(ConfigError, match="corrupt"):
+        DviTrainConfig.of_run(tmp_path)
 
 
 def test_plot_dvi(capsys, trained, tmp_path):

@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from specpilot.config import require
+from specpilot.errors import ConfigError
+
+CONFIG_FILE = "train_config.json"
+"""In a `train-dvi` output folder: the DviTrainConfig of the run, so that learning on live
+traffic (`--learn`) can go on with the settings the head was trained with."""
 
 OBJECTIVES = ("full", "kl", "pg", "ce")
 """full: the KL→RL schedule; kl: distillation only; pg: on-policy REINFORCE only; ce: the
@@ -25,9 +33,9 @@ class DviTrainConfig:
     updated, so it does not run faster with more updates."""
     buffer_capacity: int = 4096
     warmup_steps: int = 40
-    """T_warmup: updates with the KL term only."""
+    """T_warmup: steps (that updated) with the KL term only."""
     ramp_steps: int = 80
-    """T_ramp: updates over which λ_pg rises to pg_max and λ_kl falls to kl_min."""
+    """T_ramp: steps over which λ_pg rises to pg_max and λ_kl falls to kl_min."""
     kl_start: float = 1.0
     kl_min: float = 0.05
     pg_max: float = 1.0
@@ -86,3 +94,21 @@ class DviTrainConfig:
         require(self.lr > 0, f"lr must be > 0, got {self.lr}")
         require(self.scale_lr >= 0, f"scale_lr must be >= 0, got {self.scale_lr}")
         require(self.grad_clip > 0, f"grad_clip must be > 0, got {self.grad_clip}")
+
+    def save(self, folder: str | Path) -> None:
+        """Write CONFIG_FILE into `folder` atomically."""
+        tmp = Path(folder) / (CONFIG_FILE + ".tmp")
+        tmp.write_text(json.dumps(asdict(self), indent=1))
+        os.replace(tmp, Path(folder) / CONFIG_FILE)
+
+    @classmethod
+    def of_run(cls, folder: str | Path | None) -> DviTrainConfig | None:
+        """The config a `train-dvi` output folder was trained with; None for anything else (an
+        adapter folder, no folder)."""
+        path = None if folder is None else Path(folder).expanduser() / CONFIG_FILE
+        if path is None or not path.is_file():
+            return None
+        try:
+            return cls(**json.loads(path.read_text()))
+        except (OSError, ValueError, TypeError) as error:
+            raise ConfigError(f"{str(path)!r} is corrupt: {error}") from None

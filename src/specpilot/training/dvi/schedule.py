@@ -1,6 +1,7 @@
 """The KL→RL schedule (METHODS.md §2.4) and what each ablation objective turns on.
 
-t counts optimizer updates. The full objective starts as pure distillation (KL warm-up), ramps
+t counts training steps that updated (METHODS.md: optimizer updates; the same with the default
+one update per step). The full objective starts as pure distillation (KL warm-up), ramps
 the reward-masked term in while the KL weight falls, and from the end of warm-up adds the
 on-policy REINFORCE step with a KL anchor β(t) that decays linearly.
 """
@@ -27,7 +28,7 @@ class LossWeights:
 
 
 def mix_schedule(t: int, config: DviTrainConfig) -> tuple[float, float]:
-    """(λ_pg, λ_kl) at update t: (0, λ0) in warm-up, a linear ramp, then (λ_pg^max, λ_kl^min)."""
+    """(λ_pg, λ_kl) at step t: (0, λ0) in warm-up, a linear ramp, then (λ_pg^max, λ_kl^min)."""
     if t < config.warmup_steps:
         return 0.0, config.kl_start
     s = min(1.0, (t - config.warmup_steps) / max(1, config.ramp_steps))

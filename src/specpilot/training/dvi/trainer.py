@@ -210,6 +210,7 @@ def train_dvi(
         "options": {k: v for k, v in asdict(options).items() if k not in ("steps", "out")},
         "config": asdict(config),
     }
+    config.save(out)
     learner = DviLearner(head, config, max_steps=options.steps)
     start = 0
     resuming = (out / LATEST_FILE).is_file()
