@@ -79,7 +79,9 @@ def _flag(value: Any) -> bool:
 def _vocabulary(model, size, corpus=None) -> DraftVocabulary | None:
     if not size:
         if corpus:
-            raise ConfigError("a draft vocabulary corpus needs its size (draft_vocab=N)")
+            raise ConfigError(
+                "a draft vocabulary corpus needs its size: --draft-vocab N (draft_vocab=N in bench)"
+            )
         return None
     return DraftVocabulary.select(int(size), model.tokenizer, model.runner.vocab_size, corpus)
 
