@@ -4,7 +4,7 @@ import pytest
 import torch
 from tiny import tiny_tokenizer
 
-from specpilot.errors import ConfigError
+from specpilot.errors import ConfigError, PromptError
 from specpilot.models.vocab import DraftVocabulary
 
 
@@ -52,5 +52,5 @@ def test_corpus_vocabulary_errors(tmp_path):
         DraftVocabulary.from_corpus(2, tokenizer, 5, tmp_path / "missing.txt")
     bad = tmp_path / "bad.jsonl"
     bad.write_text("{not json\n")
-    with pytest.raises(ConfigError, match="bad.jsonl:1"):
+    with pytest.raises(PromptError, match="bad.jsonl:1"):
         DraftVocabulary.from_corpus(2, tokenizer, 5, bad)

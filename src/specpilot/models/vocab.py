@@ -13,13 +13,13 @@ special token (they end turns) is always in the subset.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 
 from specpilot.config import require
 from specpilot.errors import ConfigError
+from specpilot.prompts import read_jsonl
 
 
 class DraftVocabulary:
@@ -94,8 +94,8 @@ def corpus_texts(path: str | Path) -> list[str]:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"draft vocabulary corpus not found: {path}")
-    text = path.read_text(encoding="utf-8", errors="replace")
     if path.suffix != ".jsonl":
+        text = path.read_text(encoding="utf-8", errors="replace")
         chunk = 1 << 20  # tokenizers are slow on one huge string
         return [text[i : i + chunk] for i in range(0, len(text), chunk)]
     texts: list[str] = []
@@ -103,17 +103,9 @@ def corpus_texts(path: str | Path) -> list[str]:
     def collect(value) -> None:
         if isinstance(value, str):
             texts.append(value)
-        elif isinstance(value, dict):
-            for item in value.values():
-                collect(item)
-        elif isinstance(value, list):
-            for item in value:
+        elif isinstance(value, dict | list):
+            for item in value.values() if isinstance(value, dict) else value:
                 collect(item)
 
-    for number, line in enumerate(text.splitlines(), start=1):
-        if line.strip():
-            try:
-                collect(json.loads(line))
-            except json.JSONDecodeError as error:
-                raise ConfigError(f"{path}:{number}: not valid JSON ({error.msg})") from None
+    collect(read_jsonl(path))
     return texts
