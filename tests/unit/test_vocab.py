@@ -50,6 +50,10 @@ def test_corpus_vocabulary_errors(tmp_path):
     tokenizer = tiny_tokenizer(["a"])
     with pytest.raises(ConfigError, match="corpus not found"):
         DraftVocabulary.from_corpus(2, tokenizer, 5, tmp_path / "missing.txt")
+    empty = tmp_path / "numbers.jsonl"
+    empty.write_text('{"id": 3}\n')
+    with pytest.raises(ConfigError, match="holds no text"):
+        DraftVocabulary.from_corpus(2, tokenizer, 5, empty)
     bad = tmp_path / "bad.jsonl"
     bad.write_text("{not json\n")
     with pytest.raises(PromptError, match="bad.jsonl:1"):

@@ -47,10 +47,11 @@ class DraftVocabulary:
         tokens. Ids the corpus never uses fill up the subset in id order, so it always has
         `size` ordinary ids."""
         require(size >= 1, f"draft vocabulary size must be >= 1, got {size}")
-        counts = torch.zeros(full_size, dtype=torch.long)
-        for text in corpus_texts(corpus):
-            ids = torch.tensor(tokenizer(text, add_special_tokens=False)["input_ids"])
-            counts += torch.bincount(ids[ids < full_size], minlength=full_size)
+        texts = corpus_texts(corpus)
+        require(bool(texts), f"draft vocabulary corpus {str(corpus)!r} holds no text")
+        encoded = tokenizer(texts, add_special_tokens=False)["input_ids"]
+        ids = torch.tensor([i for text_ids in encoded for i in text_ids], dtype=torch.long)
+        counts = torch.bincount(ids[ids < full_size], minlength=full_size)
         # A stable sort on −count keeps id order among equal counts.
         order = torch.sort(-counts, stable=True).indices
         return cls._with_specials(order[: min(size, full_size)], tokenizer, full_size)
