@@ -77,6 +77,13 @@ def add_method_arguments(parser: argparse.ArgumentParser) -> None:
         help="draft scores only N token ids (+ specials): a cheaper draft head",
     )
     parser.add_argument("--draft-vocab-corpus", help=VOCAB_CORPUS_HELP)
+    parser.add_argument(
+        "--branches",
+        type=int,
+        default=None,
+        help="--drafter model/dvi: verify the draft's top N first tokens, a tree (default 1: a "
+        "chain)",
+    )
     parser.add_argument("--policy", choices=sorted(POLICIES), default=DEFAULT_POLICY)
     parser.add_argument(
         "--k", type=int, default=None, help=f"draft length for --policy constant ({DEFAULT_K})"
@@ -106,6 +113,8 @@ def drafter_options(args: argparse.Namespace) -> dict[str, str]:
     options = {"draft_vocab": args.draft_vocab} if args.draft_vocab else {}
     if args.draft_vocab_corpus:
         options["draft_vocab_corpus"] = args.draft_vocab_corpus
+    if args.branches is not None:
+        options["branches"] = args.branches
     dvi = {"adapter": args.dvi_adapter, "split": args.dvi_split}
     dvi = {key: value for key, value in dvi.items() if value is not None}
     if getattr(args, "learn", False):

@@ -29,9 +29,17 @@ POLICIES = (*DRAFT_POLICIES, "sv")
 
 DRAFTERS = ("model", "ngram", "dvi", "none")
 DRAFTER_OPTIONS = {
-    "model": {"draft_vocab", "draft_vocab_corpus"},
+    "model": {"draft_vocab", "draft_vocab_corpus", "branches"},
     "ngram": {"max_ngram", "min_ngram"},
-    "dvi": {"adapter", "split", "draft_vocab", "draft_vocab_corpus", "share_cache", "learn"},
+    "dvi": {
+        "adapter",
+        "split",
+        "draft_vocab",
+        "draft_vocab_corpus",
+        "share_cache",
+        "learn",
+        "branches",
+    },
     "none": set(),
 }
 DVI_SPLIT = 2
@@ -76,6 +84,13 @@ def _flag(value: Any) -> bool:
     return value.lower() in ("1", "true", "yes", "on") if isinstance(value, str) else bool(value)
 
 
+def _count(value: Any, name: str = "branches") -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise ConfigError(f"{name} must be an integer, got {value!r}") from None
+
+
 def _vocabulary(model, size, corpus=None) -> DraftVocabulary | None:
     if not size:
         if corpus:
@@ -103,7 +118,7 @@ def make_drafter(name: str, draft=None, target=None, **options: Any):
         vocabulary = _vocabulary(
             draft, options.get("draft_vocab"), options.get("draft_vocab_corpus")
         )
-        return ModelDrafter(draft.runner, vocabulary)
+        return ModelDrafter(draft.runner, vocabulary, _count(options.get("branches", 1)))
     if name == "dvi":
         learner = None
         if _flag(options.pop("learn", False)):
@@ -122,14 +137,16 @@ def make_dvi_drafter(
     split: int | str | None = None,
     draft_vocab: int | str | None = None,
     draft_vocab_corpus: str | None = None,
-    share_cache: bool | str = True,
+    share_cache: bool | str | None = None,
     explore_temperature: float = 0.0,
     learner=None,
+    branches: int | str = 1,
 ):
     """DVI's layer-split self-drafter on the loaded `target`: its first `split` layers (default:
     the adapter's split, else 2) and a LoRA head, trained from `adapter` (a folder from
     `train-dvi`) or untrained (B = 0: the early-exit head). `learner`: a DviLearner class (or
-    factory taking the head) to learn online while decoding."""
+    factory taking the head) to learn online while decoding. `branches` > 1 drafts trees;
+    `share_cache` defaults to on for chains and off for trees (which cannot share it)."""
     from specpilot.drafting.dvi_head import DraftHead, read_adapter
     from specpilot.drafting.layer_split import LayerSplitDrafter
 
@@ -154,10 +171,12 @@ def make_dvi_drafter(
     )
     if adapter is not None:
         head.load(adapter)
+    branches = _count(branches)
     return LayerSplitDrafter(
         target.runner,
         head,
-        share_cache=_flag(share_cache),
+        share_cache=branches == 1 if share_cache is None else _flag(share_cache),
         explore_temperature=explore_temperature,
         learner=None if learner is None else learner(head),
+        branches=branches,
     )

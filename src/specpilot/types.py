@@ -14,27 +14,43 @@ import torch
 
 @dataclass(frozen=True)
 class Proposal:
-    """What a drafter proposes for one step: a chain of tokens and how it drew them."""
+    """What a drafter proposes for one step: a chain (or tree) of tokens and how it drew them."""
 
     tokens: list[int]
     draft_probs: torch.Tensor | None = None
-    """[k, vocab] distributions the tokens were sampled from; None means deterministic
-    proposals (greedy drafting or n-gram lookup), treated as one-hot by the verifier."""
+    """[rows, vocab] distributions the first `rows` tokens were sampled from; None (or a token
+    past the last row) means a deterministic proposal (greedy drafting, n-gram lookup, a tree's
+    alternatives), treated as one-hot by the verifier."""
     draft_s: float = 0.0
     """Seconds spent drafting."""
     draft_logits: torch.Tensor | None = None
-    """[k, draft vocab] raw logits the tokens came from (model drafters only): what verify
-    policies such as SV compare a companion against."""
+    """[k, draft vocab] raw logits the tokens came from (model drafters only; a tree's chain
+    only): what verify policies such as SV compare a companion against."""
+    parents: tuple[int, ...] | None = None
+    """A tree instead of a chain: parents[i] is the index of token i's parent (−1: the last
+    committed token), always < i; None means a chain. A tree lists its chain first
+    (tokens[:chain_length]); only a node's first child may carry a draft_probs row."""
 
     @property
     def k(self) -> int:
         return len(self.tokens)
 
+    @property
+    def chain_length(self) -> int:
+        """How many leading tokens form a chain from the last committed token."""
+        if self.parents is None:
+            return self.k
+        n = 0
+        while n < self.k and self.parents[n] == n - 1:
+            n += 1
+        return n
+
     def truncated(self, n: int) -> Proposal:
-        """The first n tokens (a prefix is safe to verify: DESIGN.md §1)."""
+        """The first n tokens (a prefix, or a subtree: both are safe to verify, DESIGN.md §1)."""
         probs = None if self.draft_probs is None else self.draft_probs[:n]
         logits = None if self.draft_logits is None else self.draft_logits[:n]
-        return Proposal(self.tokens[:n], probs, self.draft_s, logits)
+        parents = None if self.parents is None else self.parents[:n]
+        return Proposal(self.tokens[:n], probs, self.draft_s, logits, parents)
 
 
 @dataclass(frozen=True)
@@ -44,9 +60,26 @@ class VerifyResult:
     num_accepted: int
     next_token: int
     """The recovered token (after a rejection) or the bonus token (all accepted)."""
+    path: tuple[int, ...] | None = None
+    """For a tree: the accepted nodes, root to leaf (num_accepted of them); None for a chain."""
+
+    @property
+    def chain_accepted(self) -> int:
+        """Accepted tokens of the proposal's leading chain (all of them for a chain)."""
+        if self.path is None:
+            return self.num_accepted
+        n = 0
+        while n < len(self.path) and self.path[n] == n:
+            n += 1
+        return n
 
     def emitted(self, proposal_tokens: list[int]) -> list[int]:
-        return list(proposal_tokens[: self.num_accepted]) + [self.next_token]
+        accepted = (
+            proposal_tokens[: self.num_accepted]
+            if self.path is None
+            else [proposal_tokens[i] for i in self.path]
+        )
+        return [*accepted, self.next_token]
 
 
 @dataclass(frozen=True)

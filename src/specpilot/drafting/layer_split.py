@@ -20,9 +20,10 @@ from dataclasses import dataclass
 
 import torch
 
-from specpilot.config import SamplingConfig
+from specpilot.config import SamplingConfig, require
 from specpilot.drafting.chains import BatchOfOne, draft_chains
 from specpilot.drafting.dvi_head import DraftHead
+from specpilot.errors import ConfigError
 from specpilot.models.decoder import DecoderRunner
 from specpilot.models.synced_cache import SyncedCache
 from specpilot.models.vocab import DraftVocabulary
@@ -59,10 +60,20 @@ class LayerSplitDrafter(BatchOfOne):
         share_cache: bool = True,
         explore_temperature: float = 0.0,
         learner=None,
+        branches: int = 1,
     ):
         """`explore_temperature` > 0: sample drafts at that temperature even when decoding is
         greedy (DVI's training rollouts; greedy verification keeps the output exact).
-        `learner`: receives every VerifiedBlock (see observe)."""
+        `learner`: receives every VerifiedBlock (see observe). `branches` > 1: propose trees,
+        the head's top `branches` first tokens (drafting.chains); their shallow layers run in
+        verification, so trees need the drafter's own cache (share_cache False)."""
+        require(branches >= 1, f"branches must be >= 1 (1 drafts chains), got {branches}")
+        if share_cache and branches > 1:
+            raise ConfigError(
+                "a DVI tree (branches > 1) cannot share the shallow KV cache: its alternatives "
+                "are not drafted through the shallow layers; pass share_cache=0"
+            )
+        self.branches = branches
         self.runner = target
         self.head = head
         self.split = head.shape.split
@@ -122,7 +133,14 @@ class LayerSplitDrafter(BatchOfOne):
                 return self.head(last)
 
         proposals = draft_chains(
-            score, feeds, budgets, policies, self.explore or sampling, generators, self.vocabulary
+            score,
+            feeds,
+            budgets,
+            policies,
+            self.explore or sampling,
+            generators,
+            self.vocabulary,
+            self.branches,
         )
         # A row whose policy drafted nothing still ran the shallow layers on its last token: its
         # block keeps that h_k, so the plain step that verifies it runs only the deep layers.
@@ -137,7 +155,7 @@ class LayerSplitDrafter(BatchOfOne):
         for j in ran:
             self.blocks[slots[j]] = DraftedBlock(
                 len(sequences[j]) - 1,
-                sequences[j][-1:] + proposals[j].tokens,
+                sequences[j][-1:] + proposals[j].tokens[: proposals[j].chain_length],
                 torch.cat(hidden[j]),
             )
         seconds = time.perf_counter() - start
@@ -166,7 +184,9 @@ class LayerSplitDrafter(BatchOfOne):
 class SharedShallowTarget:
     """The target as the engine sees it under cache sharing: a row that starts with the tokens
     just drafted skips layers [0, split), whose keys/values and h_k drafting already computed.
-    Everything else is the wrapped runner's."""
+    Everything else is the wrapped runner's. It verifies chains only."""
+
+    supports_trees = False
 
     def __init__(self, runner: DecoderRunner, drafter: LayerSplitDrafter):
         self.runner = runner

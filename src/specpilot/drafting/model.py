@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from specpilot.config import SamplingConfig
+from specpilot.config import SamplingConfig, require
 from specpilot.drafting.chains import BatchOfOne, draft_chains
 from specpilot.errors import ConfigError
 from specpilot.models.runner import CausalRunner
@@ -20,14 +20,23 @@ from specpilot.types import Proposal
 
 
 class ModelDrafter(BatchOfOne):
-    def __init__(self, runner: CausalRunner, vocabulary: DraftVocabulary | None = None):
-        """`vocabulary`: score only these ids (needs a runner with `run`/`logits_from_hidden`)."""
+    def __init__(
+        self,
+        runner: CausalRunner,
+        vocabulary: DraftVocabulary | None = None,
+        branches: int = 1,
+    ):
+        """`vocabulary`: score only these ids (needs a runner with `run`/`logits_from_hidden`).
+        `branches` > 1: propose trees, the draft's top `branches` first tokens (drafting.chains).
+        """
+        require(branches >= 1, f"branches must be >= 1 (1 drafts chains), got {branches}")
         if vocabulary is not None and not hasattr(runner, "logits_from_hidden"):
             raise ConfigError(
                 "a reduced draft vocabulary needs the lean decoder backend (Llama/Qwen2 family)"
             )
         self.runner = runner
         self.vocabulary = vocabulary
+        self.branches = branches
         self.head = None if vocabulary is None else vocabulary.head(runner.lm_head)
         self.cache = SyncedCache(runner)
 
@@ -56,4 +65,6 @@ class ModelDrafter(BatchOfOne):
                 self.cache.fed(feed, slot)
             return torch.cat(outs)
 
-        return draft_chains(score, feeds, budgets, policies, sampling, generators, self.vocabulary)
+        return draft_chains(
+            score, feeds, budgets, policies, sampling, generators, self.vocabulary, self.branches
+        )

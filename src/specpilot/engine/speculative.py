@@ -29,6 +29,7 @@ from specpilot.policies.draft import ConstantPolicy
 from specpilot.policies.verify import VerifyAll
 from specpilot.types import Proposal, StepRecord
 from specpilot.verify.rules import verify
+from specpilot.verify.tree import verify_tree
 
 
 @dataclass
@@ -175,14 +176,24 @@ class SpeculativeEngine:
         counts = self.verify_policy.select(
             [row.sequence for row in rows], proposals, [row.slot for row in rows], sampling
         )
-        proposals = [p.truncated(n) for p, n in zip(proposals, counts, strict=True)]
+        proposals = [
+            # A tree may hold more nodes than the context has room for (its chain never does).
+            p.truncated(min(n, self.target.max_length - len(row.sequence)))
+            for p, n, row in zip(proposals, counts, rows, strict=True)
+        ]
+        trees = [p.parents for p in proposals]
         verify_start = time.perf_counter()
         logits = self.target.forward_batch(
             [[row.sequence[-1], *p.tokens] for row, p in zip(rows, proposals, strict=True)],
             [row.slot for row in rows],
+            **self._tree_options(trees),
         )  # per row [k + 1, vocab]
         results = [
             verify(p.tokens, p.draft_probs, row_logits, sampling, row.generator)
+            if p.parents is None
+            else verify_tree(
+                p.tokens, p.parents, p.draft_probs, row_logits, sampling, row.generator
+            )
             for row, p, row_logits in zip(rows, proposals, logits, strict=True)
         ]
         verify_s = time.perf_counter() - verify_start
@@ -190,8 +201,11 @@ class SpeculativeEngine:
         for row, proposal, result, num_drafted, row_logits in zip(
             rows, proposals, results, drafted, logits, strict=True
         ):
-            if observe is not None:
-                observe(row.slot, proposal, row_logits, result.num_accepted)
+            if observe is not None:  # an online learner learns from the chain
+                chain = proposal.truncated(proposal.chain_length)
+                observe(row.slot, chain, row_logits, result.chain_accepted)
+            if result.path is not None:
+                self.target.keep_path(row.slot, len(row.sequence) - 1, result.path)
             emitted = row.commit(result.emitted(proposal.tokens))
             self.target.rollback(len(row.sequence) - 1, slot=row.slot)
             record = StepRecord(
@@ -210,6 +224,17 @@ class SpeculativeEngine:
                 on_tokens(row.slot, emitted)
             if row.reason is None and len(row.sequence) >= self.target.max_length:
                 row.reason = "length"
+
+    def _tree_options(self, trees: list[tuple[int, ...] | None]) -> dict:
+        """forward_batch's keyword for a step with trees (none for chains: any runner)."""
+        if all(tree is None for tree in trees):
+            return {}
+        if not getattr(self.target, "supports_trees", False):
+            raise ConfigError(
+                "this drafter proposes trees, which the target's runner cannot verify: serve the "
+                "target with the lean decoder backend (Llama/Qwen2 family) or draft chains"
+            )
+        return {"trees": trees}
 
     def _propose(self, rows: list[_Row], budgets: list[int], sampling) -> list[Proposal]:
         if len(rows) == 1:

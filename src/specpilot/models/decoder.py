@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 from specpilot.errors import PromptError
 from specpilot.models.runner import LogitRows, RunnerOutput
+from specpilot.tree import tree_depths, tree_mask
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
 
@@ -80,6 +81,9 @@ def supports(config) -> bool:
 
 class DecoderRunner:
     """Static-KV-cache decoder built from a loaded transformers Llama/Qwen2 model's weights."""
+
+    supports_trees = True
+    """forward_batch takes draft trees, and keep_path compacts the cache after one."""
 
     def __init__(self, hf_model, max_length: int | None = None, batch_size: int = 1):
         config = hf_model.config
@@ -329,12 +333,27 @@ class DecoderRunner:
         slots: list[int],
         logits: LogitRows = "all",
         head: torch.Tensor | None = None,
+        trees: list[tuple[int, ...] | None] | None = None,
     ) -> list[torch.Tensor | None]:
         """Append rows[j] (any length, may be empty) to cache slot slots[j], all in one pass.
 
         Returns per row [rows, vocab] float32 logits ("all": every new token, "last": the last
-        one, "none": None); `head` scores other LM-head rows (a reduced draft vocabulary)."""
-        return [out and out.logits for out in self.run_batch(rows, slots, logits=logits, head=head)]
+        one, "none": None); `head` scores other LM-head rows (a reduced draft vocabulary).
+        trees[j] (parent indices, `specpilot.tree`): row j is [root, node 0, node 1, ...] of a
+        draft tree, fed with its tree mask and depth positions (see `keep_path`)."""
+        outs = self.run_batch(rows, slots, logits=logits, head=head, trees=trees)
+        return [out and out.logits for out in outs]
+
+    def keep_path(self, slot: int, start: int, path: tuple[int, ...]) -> None:
+        """After a tree fed from cache position `start` (its root): move the keys/values of the
+        accepted nodes `path` (node i sits at start + 1 + i) to start + 1, start + 2, ..., where
+        a chain would have put them. The caller then rolls back to the committed length."""
+        if list(path) == list(range(len(path))):
+            return  # the chain's own positions already
+        source = torch.tensor([start + 1 + i for i in path], device=self.device)
+        target = torch.arange(start + 1, start + 1 + len(path), device=self.device)
+        for cache in (self.k_cache, self.v_cache):
+            cache[:, slot, :, target] = cache[:, slot, :, source]
 
     @torch.inference_mode()
     def run_batch(
@@ -346,11 +365,13 @@ class DecoderRunner:
         end_layer: int | None = None,
         logits: LogitRows = "all",
         head: torch.Tensor | None = None,
+        trees: list[tuple[int, ...] | None] | None = None,
     ) -> list[RunnerOutput | None]:
         """Run layers [start_layer, end_layer) over every row's new positions in one pass.
 
         Layer 0 takes token-id rows; a later start layer takes hidden-state rows ([n, hidden],
-        e.g. what layer-split drafting already computed). Per row: a RunnerOutput with that
+        e.g. what layer-split drafting already computed); trees as in `forward_batch`. Per row:
+        a RunnerOutput with that
         layer's hidden states and, when end_layer is the last layer, the logits asked for; None
         for an empty row."""
         if len(set(slots)) != len(slots) or not all(0 <= s < self.batch_size for s in slots):
@@ -363,7 +384,19 @@ class DecoderRunner:
         segments, offset = [], 0
         for j in live:
             n = len(rows[j])
-            segments.append(self._segment(slots[j], offset, n, start_layer, end_layer))
+            tree = None if trees is None else trees[j]
+            if tree is None:
+                segments.append(self._segment(slots[j], offset, n, start_layer, end_layer))
+            else:
+                start = self.slot_lengths[slots[j]][start_layer]
+                positions = torch.tensor(
+                    [start] + [start + d for d in tree_depths(tree)], device=self.device
+                )
+                segments.append(
+                    self._segment(
+                        slots[j], offset, n, start_layer, end_layer, positions, tree_mask(tree)
+                    )
+                )
             offset += n
         if start_layer == 0:
             ids = torch.tensor([t for j in live for t in rows[j]], dtype=torch.long)

@@ -1,0 +1,42 @@
+"""Draft trees given by parent indices: what the target must attend to and where each node sits.
+
+Node i of a tree (parents[i] < i, −1 for the root) is fed after the root, the last committed
+token, so the verifier's input is [root, node 0, node 1, ...]. Each node attends to the root,
+its ancestors and itself, and takes the rotary position of its depth: the same keys, values and
+logits as if its branch alone had been fed as a chain.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def tree_depths(parents: tuple[int, ...] | list[int]) -> list[int]:
+    """Depth of each node below the root (the root's children have depth 1)."""
+    depths: list[int] = []
+    for i, parent in enumerate(parents):
+        if not -1 <= parent < i:
+            raise ValueError(f"tree node {i} has parent {parent}; parents must precede children")
+        depths.append(1 if parent < 0 else depths[parent] + 1)
+    return depths
+
+
+def tree_mask(parents: tuple[int, ...] | list[int]) -> torch.Tensor:
+    """[n + 1, n + 1] bool, row/column 0 the root: True where a position may attend."""
+    n = len(parents)
+    mask = torch.zeros(n + 1, n + 1, dtype=torch.bool)
+    mask[:, 0] = True
+    mask[0, 0] = True
+    for i, parent in enumerate(parents):
+        mask[i + 1] = mask[parent + 1]
+        mask[i + 1, i + 1] = True
+    return mask
+
+
+def children(parents: tuple[int, ...] | list[int]) -> list[list[int]]:
+    """children[j]: the nodes whose parent is row j of the verifier's input (0 the root, i + 1
+    node i), in proposal order."""
+    kids: list[list[int]] = [[] for _ in range(len(parents) + 1)]
+    for i, parent in enumerate(parents):
+        kids[parent + 1].append(i)
+    return kids

@@ -1,0 +1,234 @@
+"""Draft trees (a chain plus the draft's runner-up first tokens, `branches` > 1) stay lossless.
+
+The tree layout and the runner's tree forward equal running each branch as a chain, and the
+cache kept after a tree equals the chain's; the tree verifier's output follows the target's
+distribution exactly (chi-square on the pure function, then through the engine with a model
+drafter and with DVI); greedy decoding with trees reproduces plain greedy decoding, alone, in a
+batch and up to the end of the context.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import chisquare
+from test_dvi_lossless import MAX_NEW, PROMPTS, trained_head
+from test_engine_sampling import SAMPLINGS, chi_square_pvalue, exact_joint_distribution
+from tiny import TinyTokenizer, perturbed, tiny_model
+
+from specpilot.config import GenerationConfig, SamplingConfig
+from specpilot.drafting import ModelDrafter
+from specpilot.drafting.layer_split import LayerSplitDrafter
+from specpilot.engine import SpeculativeEngine
+from specpilot.errors import ConfigError
+from specpilot.models.decoder import DecoderRunner
+from specpilot.policies import ConstantPolicy
+from specpilot.registry import make_drafter
+from specpilot.sampling import sample
+from specpilot.tree import children, tree_depths, tree_mask
+from specpilot.types import Proposal, VerifyResult
+from specpilot.verify.tree import verify_tree
+
+# A chain of two (nodes 0, 1) with two runner-up siblings of node 0 (nodes 2, 3).
+PARENTS = (-1, 0, -1, -1)
+
+
+def test_tree_layout():
+    assert tree_depths(PARENTS) == [1, 2, 1, 1]
+    assert children(PARENTS) == [[0, 2, 3], [1], [], [], []]
+    expected = [
+        [1, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0],
+        [1, 1, 1, 0, 0],
+        [1, 0, 0, 1, 0],
+        [1, 0, 0, 0, 1],
+    ]
+    assert tree_mask(PARENTS).tolist() == [[bool(v) for v in row] for row in expected]
+    with pytest.raises(ValueError, match="precede"):
+        tree_depths((-1, 1))
+
+
+def test_proposal_chain_and_path_helpers():
+    proposal = Proposal([5, 6, 7, 8], parents=PARENTS)
+    assert proposal.chain_length == 2
+    assert proposal.truncated(3).parents == (-1, 0, -1)
+    assert Proposal([5, 6]).chain_length == 2
+    through_sibling = VerifyResult(1, 9, (2,))
+    assert through_sibling.emitted(proposal.tokens) == [7, 9]
+    assert through_sibling.chain_accepted == 0
+    assert VerifyResult(2, 9, (0, 1)).chain_accepted == 2
+
+
+def test_runner_tree_forward_and_kept_path_equal_the_chain():
+    """Each node's logits equal its branch fed as a chain; after keep_path the cache decodes on
+    exactly as if the accepted branch had been fed alone."""
+    model = tiny_model("qwen2", dtype=torch.float64)
+    prefix, root, nodes = [4, 5, 6], 7, [8, 9, 10, 11]
+    tree_runner, chain_runner = DecoderRunner(model), DecoderRunner(model)
+    tree_runner.forward(prefix)
+    logits = tree_runner.forward_batch([[root, *nodes]], [0], trees=[PARENTS])[0]
+    chain_runner.forward(prefix)
+    chain = chain_runner.forward([root, 8, 9])  # root → node 0 → node 1
+    torch.testing.assert_close(logits[[0, 1, 2]], chain)
+    for node in (2, 3):  # the siblings of node 0
+        chain_runner.rollback(len(prefix) + 1)
+        torch.testing.assert_close(logits[node + 1], chain_runner.forward([nodes[node]])[0])
+
+    tree_runner.keep_path(0, len(prefix), (2,))  # accept node 2 (token 10), then emit 12
+    tree_runner.rollback(len(prefix) + 2)
+    chain_runner.rollback(len(prefix) + 1)
+    chain_runner.forward([10])
+    torch.testing.assert_close(tree_runner.forward([12, 13]), chain_runner.forward([12, 13]))
+
+
+def test_verify_tree_greedy_follows_the_matching_branch():
+    logits = torch.full((5, 16), -1.0)
+    logits[0, 10] = 5.0  # the target wants 10 after the root: the sibling node 2
+    logits[3, 14] = 5.0  # and 14 after node 2
+    greedy = SamplingConfig(temperature=0.0)
+    result = verify_tree([8, 9, 10, 11], PARENTS, None, logits, greedy, None)
+    assert (result.path, result.next_token, result.num_accepted) == ((2,), 14, 1)
+    logits[0, 10], logits[0, 8], logits[1, 9], logits[2, 3] = -1.0, 5.0, 5.0, 5.0
+    result = verify_tree([8, 9, 10, 11], PARENTS, None, logits, greedy, None)
+    assert (result.path, result.next_token) == ((0, 1), 3)
+
+
+def _first_two_tokens(trials: int, target_probs: torch.Tensor, draft: torch.Tensor) -> np.ndarray:
+    """Counts of the first two emitted tokens (second = vocab when the step emitted one) over
+    `trials` verifications of a fresh tree each: node 0 sampled from `draft`, node 1 its
+    deterministic child (token 0), nodes 2 and 3 the draft's two most likely other tokens.
+    target_probs row 0 is the target after the root, row 1 + t after token t."""
+    vocab = draft.shape[0]
+    counts = np.zeros((vocab, vocab + 1))
+    generator = torch.Generator().manual_seed(0)
+    sampling = SamplingConfig(temperature=1.0)
+    for _ in range(trials):
+        first = sample(draft, generator)
+        runners_up = [i for i in draft.topk(3).indices.tolist() if i != first][:2]
+        tokens = [first, 0, *runners_up]
+        # verifier rows: after the root, after each node (node 1's row is never reached here)
+        rows = [0, 1 + first, 0, 1 + runners_up[0], 1 + runners_up[1]]
+        logits = target_probs[rows].log()
+        result = verify_tree(tokens, PARENTS, draft[None], logits, sampling, generator)
+        emitted = result.emitted(tokens)
+        counts[emitted[0], emitted[1] if len(emitted) > 1 else vocab] += 1
+    return counts
+
+
+def _pvalue(observed: np.ndarray, wanted: np.ndarray) -> float:
+    keep = wanted > 0
+    assert observed[~keep].sum() == 0, "a token the target cannot emit"
+    return chisquare(observed[keep], wanted[keep] * observed.sum() / wanted[keep].sum()).pvalue
+
+
+def test_verify_tree_sampling_follows_the_target():
+    """The first token follows p, whichever tree was drafted; after a token the tree held, the
+    next follows the target after that token (chi-square over 12,000 trees)."""
+    vocab, trials = 5, 12_000
+    generator = torch.Generator().manual_seed(1)
+    target_probs = torch.rand(vocab + 1, vocab, generator=generator, dtype=torch.float64) + 0.05
+    target_probs /= target_probs.sum(-1, keepdim=True)
+    draft = torch.tensor([0.5, 0.05, 0.25, 0.15, 0.05], dtype=torch.float64)
+    counts = _first_two_tokens(trials, target_probs, draft)
+    assert _pvalue(counts.sum(1), target_probs[0].numpy()) > 1e-3
+    went_on = counts[:, :vocab].sum(1)
+    assert went_on.sum() > trials / 3 and counts[:, vocab].sum() > trials / 10
+    for t in range(vocab):
+        if went_on[t] >= 50:
+            assert _pvalue(counts[t, :vocab], target_probs[1 + t].numpy()) > 1e-3, t
+
+
+# -- through the engine ------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def target_model():
+    return tiny_model("qwen2", seed=0, dtype=torch.float64)
+
+
+@pytest.fixture(scope="module")
+def reference(target_model):
+    engine = SpeculativeEngine(DecoderRunner(target_model), TinyTokenizer(), eos_ids=set())
+    config = GenerationConfig(max_new_tokens=MAX_NEW)
+    return [engine.generate(p, config).token_ids for p in PROMPTS]
+
+
+def dvi_tree(runner, branches: int, std: float = 0.5) -> LayerSplitDrafter:
+    head = trained_head(runner, 2, std=std)
+    return LayerSplitDrafter(runner, head, share_cache=False, branches=branches)
+
+
+def test_dvi_tree_matches_plain_greedy_and_accepts_more(target_model, reference):
+    accepted = {}
+    for branches in (1, 4):
+        runner = DecoderRunner(target_model)
+        drafter = dvi_tree(runner, branches)
+        engine = SpeculativeEngine(
+            runner, TinyTokenizer(), drafter, ConstantPolicy(2), eos_ids=set()
+        )
+        accepted[branches] = 0
+        for prompt, expected in zip(PROMPTS, reference, strict=True):
+            result = engine.generate(prompt, GenerationConfig(max_new_tokens=MAX_NEW))
+            assert result.token_ids == expected
+            accepted[branches] += result.stats.accepted
+            assert runner.length == len(prompt) + MAX_NEW - 1
+    assert accepted[4] > accepted[1], accepted
+
+
+def test_model_drafter_tree_batch_matches_plain_greedy(target_model, reference):
+    runner = DecoderRunner(target_model, batch_size=3)
+    drafter = ModelDrafter(DecoderRunner(perturbed(target_model, 0.5), batch_size=3), None, 3)
+    engine = SpeculativeEngine(runner, TinyTokenizer(), drafter, ConstantPolicy(3), eos_ids=set())
+    results = engine.generate_batch(PROMPTS[:3], GenerationConfig(max_new_tokens=MAX_NEW))
+    assert [r.token_ids for r in results] == reference[:3]
+    assert sum(r.stats.accepted for r in results) > 0
+
+
+def test_tree_runs_to_the_end_of_the_context(target_model):
+    """Near the end of the context the tree is cut to what fits; output equals plain decoding."""
+    prompt, config = list(range(3, 23)), GenerationConfig(max_new_tokens=50)
+    plain = SpeculativeEngine(DecoderRunner(target_model, 32), TinyTokenizer(), eos_ids=set())
+    expected = plain.generate(prompt, config)
+    runner = DecoderRunner(target_model, 32)
+    drafter = dvi_tree(runner, 6, std=0.02)
+    engine = SpeculativeEngine(runner, TinyTokenizer(), drafter, ConstantPolicy(3), eos_ids=set())
+    result = engine.generate(prompt, config)
+    assert result.token_ids == expected.token_ids
+    assert result.finish_reason == "length" and len(prompt) + len(result.token_ids) == 32
+
+
+@pytest.fixture(scope="module")
+def small_target():
+    from test_engine_sampling import VOCAB
+
+    return tiny_model("llama", vocab_size=VOCAB, seed=3)
+
+
+@pytest.mark.parametrize("sampling", SAMPLINGS, ids=["t1", "t0.8-topk-topp"])
+@pytest.mark.parametrize("kind", ["model", "dvi"])
+def test_tree_sampled_output_follows_target(small_target, kind, sampling):
+    runner = DecoderRunner(small_target)
+    if kind == "model":
+        drafter = ModelDrafter(DecoderRunner(perturbed(small_target, 1.0)), None, 3)
+    else:
+        drafter = LayerSplitDrafter(
+            runner, trained_head(runner, 3, std=0.1), share_cache=False, branches=3
+        )
+    engine = SpeculativeEngine(runner, TinyTokenizer(), drafter, ConstantPolicy(2), eos_ids=set())
+    expected = exact_joint_distribution(small_target, sampling)
+    assert chi_square_pvalue(engine, expected, sampling) > 1e-3
+
+
+def test_tree_options_are_checked(target_model):
+    class Loaded:
+        runner = DecoderRunner(target_model)
+
+    with pytest.raises(ConfigError, match="share_cache=0"):
+        make_drafter("dvi", target=Loaded(), branches=2, share_cache="1")
+    with pytest.raises(ConfigError, match="integer"):
+        make_drafter("dvi", target=Loaded(), branches="two")
+    with pytest.raises(ConfigError, match="branches must be >= 1"):
+        make_drafter("dvi", target=Loaded(), branches=0)
+    assert not make_drafter("dvi", target=Loaded(), branches=2).share_cache
+    assert make_drafter("dvi", target=Loaded()).share_cache
+    with pytest.raises(ConfigError, match="unknown option"):
+        make_drafter("ngram", branches=2)
