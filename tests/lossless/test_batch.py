@@ -47,7 +47,9 @@ def batch_engine(target_model, draft_model, drafter_kind, policy, eos=(), max_le
         vocabulary = (
             DraftVocabulary(torch.arange(48), 96) if drafter_kind == "model-subvocab" else None
         )
-        drafter = ModelDrafter(DecoderRunner(draft_model, max_length, batch_size=BATCH), vocabulary)
+        branches = 3 if drafter_kind == "model-tree" else 1
+        draft_runner = DecoderRunner(draft_model, max_length, batch_size=BATCH)
+        drafter = ModelDrafter(draft_runner, vocabulary, branches)
     return SpeculativeEngine(
         DecoderRunner(target_model, max_length, batch_size=BATCH),
         TinyTokenizer(),
@@ -63,6 +65,7 @@ CASES = [
     ("model", HeuristicPolicy()),
     ("model", SvipPolicy(h=0.72, max_k=6)),
     ("model-subvocab", ConstantPolicy(4)),
+    ("model-tree", ConstantPolicy(3)),  # each row a tree: the chain plus 2 runner-up tokens
     ("ngram", ConstantPolicy(3)),
 ]
 

@@ -165,16 +165,40 @@ def test_dvi_batch_rows_match_plain_greedy(target_model, reference, share_cache,
     assert [r.token_ids for r in again] == reference[:3][::-1]
 
 
-@pytest.mark.parametrize("share_cache", [True, False], ids=["shared", "own-cache"])
-def test_dvi_runs_to_the_end_of_the_context(target_model, share_cache):
+def test_dvi_tree_matches_plain_greedy_and_accepts_more(target_model, reference):
+    """Trees (the head's top 4 first tokens) reproduce plain decoding and accept more tokens
+    than the chain alone."""
+    accepted = {}
+    for branches in (1, 4):
+        runner = DecoderRunner(target_model)
+        head = trained_head(runner, 2)
+        drafter = LayerSplitDrafter(runner, head, share_cache=False, branches=branches)
+        engine = SpeculativeEngine(
+            runner, TinyTokenizer(), drafter, ConstantPolicy(2), eos_ids=set()
+        )
+        accepted[branches] = 0
+        for prompt, expected in zip(PROMPTS, reference, strict=True):
+            result = engine.generate(prompt, GenerationConfig(max_new_tokens=MAX_NEW))
+            assert result.token_ids == expected
+            accepted[branches] += result.stats.accepted
+            assert runner.length == len(prompt) + MAX_NEW - 1
+    assert accepted[4] > accepted[1], accepted
+
+
+@pytest.mark.parametrize(
+    "share_cache,branches", [(True, 1), (False, 1), (False, 6)], ids=["shared", "own", "tree"]
+)
+def test_dvi_runs_to_the_end_of_the_context(target_model, share_cache, branches):
     """Drafts (and the extra shallow step for the last one) must fit in the KV cache right up to
-    its last position; the output equals plain decoding with the same context."""
+    its last position, trees being cut to what fits; the output equals plain decoding with the
+    same context."""
     prompt = list(range(3, 23))
     config = GenerationConfig(max_new_tokens=50)
     plain = SpeculativeEngine(DecoderRunner(target_model, 32), TinyTokenizer(), eos_ids=set())
     expected = plain.generate(prompt, config)
     runner = DecoderRunner(target_model, 32)
-    drafter = LayerSplitDrafter(runner, trained_head(runner, 2, std=0.02), share_cache)
+    head = trained_head(runner, 2, std=0.02)
+    drafter = LayerSplitDrafter(runner, head, share_cache, branches=branches)
     engine = SpeculativeEngine(
         drafter.target, TinyTokenizer(), drafter, ConstantPolicy(5), eos_ids=set()
     )

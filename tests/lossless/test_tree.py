@@ -3,8 +3,8 @@
 The tree layout and the runner's tree forward equal running each branch as a chain, and the
 cache kept after a tree equals the chain's; the tree verifier's output follows the target's
 distribution exactly (chi-square on the pure function, then through the engine with a model
-drafter and with DVI); greedy decoding with trees reproduces plain greedy decoding, alone, in a
-batch and up to the end of the context.
+drafter and with DVI). Greedy identity with trees: test_dvi_lossless.py (alone, more accepted
+than chains, up to the end of the context) and test_batch.py (a batch of model-drafter trees).
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 import torch
 from scipy.stats import chisquare
-from test_dvi_lossless import MAX_NEW, PROMPTS, trained_head
+from test_dvi_lossless import trained_head
 from test_engine_sampling import SAMPLINGS, chi_square_pvalue, exact_joint_distribution
 from tiny import TinyTokenizer, perturbed, tiny_model
 
-from specpilot.config import GenerationConfig, SamplingConfig
+from specpilot.config import SamplingConfig
 from specpilot.drafting import ModelDrafter
 from specpilot.drafting.layer_split import LayerSplitDrafter
 from specpilot.engine import SpeculativeEngine
@@ -141,62 +141,6 @@ def test_verify_tree_sampling_follows_the_target():
 
 # -- through the engine ------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def target_model():
-    return tiny_model("qwen2", seed=0, dtype=torch.float64)
-
-
-@pytest.fixture(scope="module")
-def reference(target_model):
-    engine = SpeculativeEngine(DecoderRunner(target_model), TinyTokenizer(), eos_ids=set())
-    config = GenerationConfig(max_new_tokens=MAX_NEW)
-    return [engine.generate(p, config).token_ids for p in PROMPTS]
-
-
-def dvi_tree(runner, branches: int, std: float = 0.5) -> LayerSplitDrafter:
-    head = trained_head(runner, 2, std=std)
-    return LayerSplitDrafter(runner, head, share_cache=False, branches=branches)
-
-
-def test_dvi_tree_matches_plain_greedy_and_accepts_more(target_model, reference):
-    accepted = {}
-    for branches in (1, 4):
-        runner = DecoderRunner(target_model)
-        drafter = dvi_tree(runner, branches)
-        engine = SpeculativeEngine(
-            runner, TinyTokenizer(), drafter, ConstantPolicy(2), eos_ids=set()
-        )
-        accepted[branches] = 0
-        for prompt, expected in zip(PROMPTS, reference, strict=True):
-            result = engine.generate(prompt, GenerationConfig(max_new_tokens=MAX_NEW))
-            assert result.token_ids == expected
-            accepted[branches] += result.stats.accepted
-            assert runner.length == len(prompt) + MAX_NEW - 1
-    assert accepted[4] > accepted[1], accepted
-
-
-def test_model_drafter_tree_batch_matches_plain_greedy(target_model, reference):
-    runner = DecoderRunner(target_model, batch_size=3)
-    drafter = ModelDrafter(DecoderRunner(perturbed(target_model, 0.5), batch_size=3), None, 3)
-    engine = SpeculativeEngine(runner, TinyTokenizer(), drafter, ConstantPolicy(3), eos_ids=set())
-    results = engine.generate_batch(PROMPTS[:3], GenerationConfig(max_new_tokens=MAX_NEW))
-    assert [r.token_ids for r in results] == reference[:3]
-    assert sum(r.stats.accepted for r in results) > 0
-
-
-def test_tree_runs_to_the_end_of_the_context(target_model):
-    """Near the end of the context the tree is cut to what fits; output equals plain decoding."""
-    prompt, config = list(range(3, 23)), GenerationConfig(max_new_tokens=50)
-    plain = SpeculativeEngine(DecoderRunner(target_model, 32), TinyTokenizer(), eos_ids=set())
-    expected = plain.generate(prompt, config)
-    runner = DecoderRunner(target_model, 32)
-    drafter = dvi_tree(runner, 6, std=0.02)
-    engine = SpeculativeEngine(runner, TinyTokenizer(), drafter, ConstantPolicy(3), eos_ids=set())
-    result = engine.generate(prompt, config)
-    assert result.token_ids == expected.token_ids
-    assert result.finish_reason == "length" and len(prompt) + len(result.token_ids) == 32
-
-
-@pytest.fixture(scope="module")
 def small_target():
     from test_engine_sampling import VOCAB
 
@@ -218,9 +162,9 @@ def test_tree_sampled_output_follows_target(small_target, kind, sampling):
     assert chi_square_pvalue(engine, expected, sampling) > 1e-3
 
 
-def test_tree_options_are_checked(target_model):
+def test_tree_options_are_checked():
     class Loaded:
-        runner = DecoderRunner(target_model)
+        runner = DecoderRunner(tiny_model("qwen2"))
 
     with pytest.raises(ConfigError, match="share_cache=0"):
         make_drafter("dvi", target=Loaded(), branches=2, share_cache="1")
