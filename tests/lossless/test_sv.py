@@ -41,13 +41,13 @@ def table_from_a() -> AcceptanceTable:
 STEEP = VerifyLatency([(1, 1.0), (2, 1.6), (3, 2.4), (8, 8.0)])
 
 
-def sv_engine(target, draft, batch_size=1, layers=2):
+def sv_engine(target, draft, batch_size=1, layers=2, branches=1):
     target_runner = DecoderRunner(target, batch_size=batch_size)
     policy = SvVerifyPolicy(target_runner.early_exit(layers), table_from_a(), STEEP)
     engine = SpeculativeEngine(
         target_runner,
         TinyTokenizer(),
-        ModelDrafter(DecoderRunner(draft, batch_size=batch_size)),
+        ModelDrafter(DecoderRunner(draft, batch_size=batch_size), branches=branches),
         ConstantPolicy(4),
         policy,
         eos_ids=set(),
@@ -74,6 +74,11 @@ def test_sv_greedy_identity_single_and_batch(models):
     assert 0 in verified and any(0 < v < d for v, d in zip(verified, drafted, strict=True))
     batched = sv_engine(target, draft, batch_size=len(PROMPTS))
     assert [r.token_ids for r in batched.generate_batch(PROMPTS, config)] == reference
+
+
+def test_sv_with_draft_trees_is_a_clear_error(models):
+    with pytest.raises(ConfigError, match="not draft trees"):
+        sv_engine(*models, branches=2).generate(PROMPTS[0], GenerationConfig(max_new_tokens=4))
 
 
 def sampling_setup(sampling: SamplingConfig):

@@ -136,6 +136,8 @@ class SvVerifyPolicy:
         """Per row and drafted token: the forecast p̄_i and the realised p_i (module docstring)."""
         if any(p.k and p.draft_logits is None for p in proposals):
             raise ConfigError("SV needs a draft model's distributions (--drafter model)")
+        if any(p.parents is not None for p in proposals):
+            raise ConfigError("SV sizes chains, not draft trees: use branches=1 with --policy sv")
         companion_logits = self.companion.score(sequences, proposals, slots)
         forecasts, realized = [], []
         for proposal, logits in zip(proposals, companion_logits, strict=True):
