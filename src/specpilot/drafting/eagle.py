@@ -1,0 +1,279 @@
+"""The feature drafter (EAGLE-3 head, EAGLE-2 dynamic trees): drafts from the target's own
+hidden states at a few percent of a target step.
+
+The engine hands the drafter the target's taps at its feature layers for every position the
+target commits (after the prefill and after each verification, from forwards that run anyway:
+no extra target pass), through `take_features(slot, start, taps)`. Invariant: a slot's features
+cover exactly the positions the target's cache holds, 0..len(sequence) − 2.
+
+A proposal first catches the head's own cache up: position t holds the pair (target feature at
+t, embedding of token t + 1) for every committed t not yet fed, in one block call whose last
+output is the root's draft distribution. Then it drafts:
+- a chain (`topk` 1): one block call per token, each fed the previous call's output (EAGLE's
+  training-time-test regime); sampled from q when sampling, so the verifier's rejection rule
+  applies as to any chain;
+- a tree (`topk` > 1): EAGLE-2 expansion (`dynamic_tree`), `depth` block calls over the frontier
+  with ancestor masks, then the best `nodes` candidates. Tree nodes are deterministic (top-k), so
+  verification treats each as one-hot: lossless under sampling as well.
+Draft-tree entries live past the committed pairs in the head's cache and are overwritten by the
+next catch-up. The row's DraftPolicy caps the depth (its budget) and may stop early after each
+level, judged on the best frontier node (SVIP's rule on trees, Table 4 setting of the LTD paper).
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+
+import torch
+import torch.nn.functional as F
+
+from specpilot.config import SamplingConfig, require
+from specpilot.drafting.dynamic_tree import DynamicTree
+from specpilot.drafting.eagle_head import EagleHead
+from specpilot.errors import ConfigError
+from specpilot.policies.base import DraftPolicy, DraftToken
+from specpilot.sampling import logits_to_probs, sample
+from specpilot.types import Proposal
+
+TREE_CAPACITY = 1024
+"""Cache positions reserved past the committed pairs for draft-tree entries."""
+
+
+class _Slot:
+    """One cache slot's head state: fed pairs, pending features, the draft cache."""
+
+    def __init__(self, head: EagleHead, max_length: int, dtype, device):
+        s = head.shape
+        shape = (s.num_kv_heads, max_length + TREE_CAPACITY, s.head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.fed = 0
+        """Committed pairs in the cache (positions 0..fed − 1)."""
+        self.pending = torch.zeros(0, s.hidden_size, dtype=dtype, device=device)
+        """Fused target features of positions fed..fed + len(pending) − 1."""
+
+    @property
+    def features(self) -> int:
+        return self.fed + self.pending.shape[0]
+
+
+class EagleDrafter:
+    def __init__(
+        self,
+        target,
+        head: EagleHead,
+        depth: int = 6,
+        topk: int = 8,
+        nodes: int = 24,
+    ):
+        """`target`: the lean-decoder runner the head was trained on (its embedding, rotary
+        tables and dtype are shared). topk 1 drafts chains."""
+        require(depth >= 1, f"eagle depth must be >= 1, got {depth}")
+        require(topk >= 1, f"eagle topk must be >= 1, got {topk}")
+        require(nodes >= 1, f"eagle nodes must be >= 1, got {nodes}")
+        if not hasattr(target, "run_batch"):
+            raise ConfigError(
+                "the eagle drafter reads the target's hidden states: serve the target with the "
+                "lean decoder backend (Llama/Qwen2 family)"
+            )
+        self.target = target
+        self.head = copy.deepcopy(head).to(dtype=target.dtype, device=target.device).eval()
+        self.head.requires_grad_(False)
+        self.draft_ids = self.head.draft_ids.tolist()
+        self.depth, self.topk, self.nodes = depth, topk, nodes
+        self.feature_layers = head.shape.feature_layers
+        self.default_budget = depth
+        self.slots: list[_Slot] = []
+        self.reset()
+
+    def reset(self) -> None:
+        self.slots = [
+            _Slot(self.head, self.target.max_length, self.target.dtype, self.target.device)
+            for _ in range(self.target.batch_size)
+        ]
+
+    # -- features from the engine -----------------------------------------------------------
+    @torch.inference_mode()
+    def take_features(self, slot: int, start: int, taps: torch.Tensor) -> None:
+        """The target committed positions start..start + n − 1 of `slot` with these taps
+        ([n, layers · hidden]); anything the slot held from `start` on is forgotten."""
+        state = self.slots[slot]
+        if start < state.fed:
+            state.fed = start
+            state.pending = state.pending[:0]
+        keep = start - state.fed
+        if keep > state.pending.shape[0]:
+            raise RuntimeError(
+                f"slot {slot}: features jump from position {state.features} to {start}"
+            )
+        state.pending = torch.cat([state.pending[:keep], self.head.fuse(taps)])
+
+    # -- drafting ----------------------------------------------------------------------------
+    @torch.inference_mode()
+    def propose(
+        self,
+        sequences: list[list[int]],
+        slots: list[int],
+        budgets: list[int],
+        policies: list[DraftPolicy],
+        sampling: SamplingConfig,
+        generators: list[torch.Generator | None],
+    ) -> list[Proposal]:
+        proposals = []
+        for sequence, slot, budget, policy, generator in zip(
+            sequences, slots, budgets, policies, generators, strict=True
+        ):
+            start = time.perf_counter()
+            if budget <= 0:
+                proposals.append(Proposal([]))
+                continue
+            root = self._catch_up(self.slots[slot], sequence, slot)
+            depth = min(self.depth, budget)
+            if self.topk == 1:
+                proposal = self._chain(self.slots[slot], sequence, root, depth, policy, sampling, generator)
+            else:
+                proposal = self._tree(self.slots[slot], sequence, root, depth, policy)
+            proposals.append(
+                Proposal(
+                    proposal.tokens,
+                    proposal.draft_probs,
+                    time.perf_counter() - start,
+                    proposal.draft_logits,
+                    proposal.parents,
+                )
+            )
+        return proposals
+
+    def _embed(self, tokens: list[int]) -> torch.Tensor:
+        ids = torch.tensor(tokens, dtype=torch.long, device=self.target.device)
+        return F.embedding(ids, self.target.embed)
+
+    def _catch_up(self, state: _Slot, sequence: list[int], slot: int) -> torch.Tensor:
+        """Feed the committed pairs not yet in the cache; return the last one's output [h]."""
+        if state.features != len(sequence) - 1 or state.pending.shape[0] == 0:
+            raise RuntimeError(
+                f"slot {slot}: the eagle drafter holds features of {state.features} positions "
+                f"(fed {state.fed}) but the sequence has {len(sequence)} tokens; the engine must "
+                "pass the target's taps after every prefill and verification"
+            )
+        fed, n = state.fed, state.pending.shape[0]
+        positions = torch.arange(fed, fed + n, device=self.target.device)
+        out, k, v = self.head.block(
+            state.pending,
+            self._embed(sequence[fed + 1 : fed + n + 1]),
+            self.target.cos[positions],
+            self.target.sin[positions],
+            state.k[:, :fed],
+            state.v[:, :fed],
+        )
+        state.k[:, fed : fed + n] = k
+        state.v[:, fed : fed + n] = v
+        state.fed += n
+        state.pending = state.pending[:0]
+        return out[-1:]
+
+    def _step(
+        self, state: _Slot, hidden, tokens: list[int], depth_position: int, used: int, mask
+    ):
+        """Feed draft entries (parent outputs `hidden`, their tokens) at rotary position
+        `depth_position` into cache rows fed + used.. with additive `mask` over the cache."""
+        n = len(tokens)
+        row = state.fed + used
+        position = torch.full((n,), depth_position, device=self.target.device)
+        out, k, v = self.head.block(
+            hidden,
+            self._embed(tokens),
+            self.target.cos[position],
+            self.target.sin[position],
+            state.k[:, :row],
+            state.v[:, :row],
+            mask,
+        )
+        state.k[:, row : row + n] = k
+        state.v[:, row : row + n] = v
+        return out
+
+    def _chain(self, state, sequence, root, depth, policy, sampling, generator) -> Proposal:
+        tokens, probs, raw = [], [], []
+        hidden = root
+        for index in range(depth):
+            logits = self.head.logits(hidden)[0]
+            if not policy.admits(logits):
+                break
+            if sampling.greedy:
+                choice = int(logits.argmax())
+            else:
+                row_probs = logits_to_probs(logits, sampling)
+                choice = sample(row_probs, generator)
+                probs.append(self._full_probs(row_probs))
+            token = self.draft_ids[choice]
+            tokens.append(token)
+            raw.append(logits)
+            if not policy.continue_drafting(DraftToken(index, token, logits)):
+                break
+            if index + 1 < depth:
+                hidden = self._step(
+                    state, hidden, [token], len(sequence) - 1 + index, index, None
+                )
+        return Proposal(
+            tokens,
+            torch.stack(probs) if probs else None,
+            0.0,
+            torch.stack(raw) if raw else None,
+        )
+
+    def _full_probs(self, probs: torch.Tensor) -> torch.Tensor:
+        full = torch.zeros(self.target.vocab_size, dtype=probs.dtype)
+        return full.index_copy_(0, self.head.draft_ids, probs)
+
+    def _tree(self, state: _Slot, sequence: list[int], root, depth: int, policy) -> Proposal:
+        tree = DynamicTree(self.topk, self.nodes)
+        logits = self.head.logits(root)
+        if not policy.admits(logits[0]):
+            return Proposal([])
+        tree.expand(torch.log_softmax(logits, dim=-1))
+        outputs = {-1: root[0]}
+        fed: list[int] = []  # tree nodes in cache order (rows fed.., after the committed pairs)
+        for level in range(1, depth):
+            best = tree.best()
+            frontier = list(tree.frontier)
+            hidden = torch.stack([outputs[tree.parents[i]] for i in frontier])
+            mask = self._tree_mask(tree, fed, frontier, state.fed)
+            out = self._step(
+                state,
+                hidden,
+                [self.draft_ids[tree.tokens[i]] for i in frontier],
+                len(sequence) - 1 + level,
+                len(fed),
+                mask,
+            )
+            fed.extend(frontier)
+            for i, node in enumerate(frontier):
+                outputs[node] = out[i]
+            logits = self.head.logits(out)
+            best_logits = logits[frontier.index(best)]
+            token = self.draft_ids[tree.tokens[best]]
+            if not policy.continue_drafting(DraftToken(level - 1, token, best_logits)):
+                break
+            if not policy.admits(best_logits):
+                break
+            tree.expand(torch.log_softmax(logits, dim=-1))
+        tokens, parents = tree.select()
+        return Proposal([self.draft_ids[t] for t in tokens], None, 0.0, None, parents)
+
+    def _tree_mask(self, tree: DynamicTree, fed: list[int], frontier: list[int], committed: int):
+        """Additive [frontier, committed + fed + frontier] mask: every committed pair, each
+        node's fed ancestors, itself."""
+        where = {node: i for i, node in enumerate(fed)}
+        n, m = len(frontier), len(fed)
+        allowed = torch.zeros(n, committed + m + n, dtype=torch.bool)
+        allowed[:, :committed] = True
+        for row, node in enumerate(frontier):
+            allowed[row, committed + m + row] = True
+            parent = tree.parents[node]
+            while parent >= 0:
+                allowed[row, committed + where[parent]] = True
+                parent = tree.parents[parent]
+        mask = torch.zeros(allowed.shape, dtype=self.target.dtype)
+        return mask.masked_fill_(~allowed, float("-inf")).to(self.target.device)

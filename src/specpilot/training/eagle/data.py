@@ -1,0 +1,199 @@
+"""Self-distillation data for the feature drafter: the target answers the training prompts.
+
+EAGLE-style drafters learn the target's own continuations (EAGLE-3 §4: regenerate responses with
+the target), so the data is the target's greedy answer to each training prompt, decoded by the
+project's own batched engine. Prompts come from training sets only: the benchmark sets
+(MT-Bench, HumanEval, GSM8K test) are refused by name, so no benchmark prompt is ever trained on.
+
+The output is one JSONL line per answered prompt (`id`, `source`, `prompt_ids`, `response_ids`,
+`finish_reason`), appended and fsynced batch by batch: a run that is stopped resumes by
+re-running the same command, skipping the ids already answered (a torn last line is dropped).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from tqdm import tqdm
+
+from specpilot.config import GenerationConfig, require
+from specpilot.engine import SpeculativeEngine
+from specpilot.errors import ConfigError
+from specpilot.models.chat import encode_prompt
+from specpilot.prompts import read_jsonl, read_prompts_file
+
+TRAIN_SOURCES = ("sharegpt_sample.jsonl", "alpaca_sample.jsonl", "gsm8k_train.jsonl")
+"""Training prompt files in ../shared/data (interleaved, so any prefix of a run mixes them)."""
+BENCHMARK_SOURCES = frozenset({"mt_bench_question.jsonl", "humaneval.jsonl", "gsm8k_test.jsonl"})
+RESPONSES_FILE = "responses.jsonl"
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One training sequence: the chat-formatted prompt and the target's answer."""
+
+    id: str
+    prompt_ids: list[int]
+    response_ids: list[int]
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.prompt_ids + self.response_ids
+
+
+@dataclass(frozen=True)
+class DataOptions:
+    data_dir: str = "../shared/data"
+    sources: tuple[str, ...] = TRAIN_SOURCES
+    max_prompts: int = 2000
+    """Prompts answered in all (taken round-robin from the sources)."""
+    max_new_tokens: int = 384
+    max_prompt_tokens: int = 768
+    """Longer prompts are skipped (not cut: a cut chat prompt is not a real request)."""
+    batch_size: int = 16
+
+    def __post_init__(self) -> None:
+        require(self.max_prompts >= 1, f"max_prompts must be >= 1, got {self.max_prompts}")
+        require(self.max_new_tokens >= 1, "max_new_tokens must be >= 1")
+        require(self.max_prompt_tokens >= 1, "max_prompt_tokens must be >= 1")
+        require(self.batch_size >= 1, f"batch_size must be >= 1, got {self.batch_size}")
+        benchmarks = sorted(BENCHMARK_SOURCES.intersection(Path(s).name for s in self.sources))
+        require(
+            not benchmarks,
+            f"{', '.join(benchmarks)} is a benchmark set: training on it would make the "
+            "held-out benchmarks meaningless; use training prompts (e.g. gsm8k_train.jsonl)",
+        )
+
+
+def training_prompts(options: DataOptions) -> list[tuple[str, str]]:
+    """(id, user message) pairs, round-robin over the sources, at most `max_prompts`."""
+    per_source = []
+    for source in options.sources:
+        path = Path(options.data_dir) / source
+        if not path.is_file():
+            raise ConfigError(
+                f"training prompts not found: {path} (set --data-dir to the folder holding "
+                f"{', '.join(options.sources)})"
+            )
+        stem = Path(source).stem
+        per_source.append([(f"{stem}:{r.question_id}", r.turns[0]) for r in read_prompts_file(path)])
+    mixed = [p for group in _round_robin(per_source) for p in group]
+    return mixed[: options.max_prompts]
+
+
+def _round_robin(lists: list[list]) -> Iterator[list]:
+    for i in range(max(len(items) for items in lists)):
+        yield [items[i] for items in lists if i < len(items)]
+
+
+def reference_samples(tokenizer, options: DataOptions, max_tokens: int) -> list[Sample]:
+    """The training sets' own answers (ShareGPT's first reply, Alpaca's output, GSM8K's worked
+    answer), chat-formatted, round-robin like `training_prompts`. Not the target's words, but
+    the drafter still learns the target's distribution on them (the soft labels come from the
+    target at every position), and they cost only a prefill instead of a decode."""
+    per_source = []
+    for source in options.sources:
+        path = Path(options.data_dir) / source
+        stem = Path(source).stem
+        pairs = []
+        for index, row in enumerate(read_jsonl(path)):
+            pair = _reference_pair(row)
+            if pair is not None:
+                pairs.append((f"{stem}:{row.get('id', index)}:ref", *pair))
+        per_source.append(pairs)
+    samples = []
+    for sample_id, user, answer in (p for group in _round_robin(per_source) for p in group):
+        prompt_ids = encode_prompt(tokenizer, user)
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": user}, {"role": "assistant", "content": answer}],
+            tokenize=False,
+        )
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"][:max_tokens]
+        if len(prompt_ids) > options.max_prompt_tokens or ids[: len(prompt_ids)] != prompt_ids:
+            continue
+        if len(ids) > len(prompt_ids):
+            samples.append(Sample(sample_id, prompt_ids, ids[len(prompt_ids) :]))
+        if len(samples) >= options.max_prompts:
+            break
+    return samples
+
+
+def _reference_pair(row: dict) -> tuple[str, str] | None:
+    """(user message, reference answer) of a training-set row, None if it has none."""
+    if "conversations" in row:
+        turns = row["conversations"]
+        if len(turns) >= 2 and turns[0].get("from") == "human" and turns[1].get("from") == "gpt":
+            return turns[0]["value"], turns[1]["value"]
+        return None
+    if "instruction" in row and row.get("output"):
+        extra = row.get("input") or ""
+        return row["instruction"] + (f"\n\n{extra}" if extra else ""), row["output"]
+    if "question" in row and "answer" in row:  # GSM8K: drop the <<calculator>> annotations
+        return row["question"], re.sub(r"<<[^>]*>>", "", row["answer"])
+    return None
+
+
+def read_samples(folder: str | Path) -> list[Sample]:
+    """The answered prompts of a data folder (a torn last line from an interrupted run skipped)."""
+    path = Path(folder) / RESPONSES_FILE
+    if not path.is_file():
+        return []
+    samples = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        samples.append(Sample(row["id"], row["prompt_ids"], row["response_ids"]))
+    return samples
+
+
+def generate_responses(
+    engine: SpeculativeEngine, options: DataOptions, folder: str | Path, progress: bool = True
+) -> list[Sample]:
+    """Answer every training prompt not yet in `folder` (greedy, batched); return all samples."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    done = {s.id for s in read_samples(folder)}
+    todo = []
+    for prompt_id, text in training_prompts(options):
+        if prompt_id in done:
+            continue
+        ids = encode_prompt(engine.tokenizer, text)
+        if len(ids) <= options.max_prompt_tokens:
+            todo.append((prompt_id, ids))
+    config = GenerationConfig(max_new_tokens=options.max_new_tokens)
+    path = folder / RESPONSES_FILE
+    _drop_torn_line(path)
+    bar = tqdm(total=len(done) + len(todo), initial=len(done), disable=not progress, unit="prompt")
+    with path.open("a", encoding="utf-8") as out:
+        for start in range(0, len(todo), options.batch_size):
+            batch = todo[start : start + options.batch_size]
+            results = engine.generate_batch([ids for _, ids in batch], config)
+            for (prompt_id, ids), result in zip(batch, results, strict=True):
+                row = {
+                    "id": prompt_id,
+                    "prompt_ids": ids,
+                    "response_ids": result.token_ids,
+                    "finish_reason": result.finish_reason,
+                }
+                out.write(json.dumps(row) + "\n")
+            out.flush()
+            os.fsync(out.fileno())
+            bar.update(len(batch))
+    bar.close()
+    return read_samples(folder)
+
+
+def _drop_torn_line(path: Path) -> None:
+    """Cut a half-written last line left by a killed run, so appends start on a fresh line."""
+    if not path.is_file():
+        return
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n"):
+        path.write_bytes(data[: data.rfind(b"\n") + 1])

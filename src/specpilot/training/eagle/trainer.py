@@ -1,0 +1,355 @@
+"""`specpilot train-eagle`: distil the target into a feature-drafter head.
+
+Stages, each resumable by re-running the same command on the same --out:
+1. data: the target's greedy answers to training prompts (`data.generate_responses`, appended
+   batch by batch) plus, optionally, the training sets' reference answers;
+2. training: per sequence one teacher-forced target prefill (taps + soft labels) and the head's
+   unrolled loss (`losses.unrolled_losses`), gradients accumulated to `batch_tokens` scored
+   positions per AdamW update; a held-out slice of the data is scored every `eval_every` updates
+   (first-token agreement, chain accepted length). Checkpoints (head + optimizer + position) are
+   written atomically every `save_every` updates and at the end, with the final head in
+   `out/head` and train_log.csv + learning_curve.png beside it.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import random
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from specpilot.config import require
+from specpilot.drafting.eagle_head import EagleHead, EagleShape
+from specpilot.errors import ConfigError
+from specpilot.training.eagle.data import Sample
+from specpilot.training.eagle.features import sequence_features
+from specpilot.training.eagle.losses import chain_accepted_length, unrolled_losses
+
+HEAD_DIR = "head"
+CHECKPOINT_DIR = "checkpoint"
+LOG_FILE = "train_log.csv"
+CURVE_FILE = "learning_curve.png"
+LOG_COLUMNS = (
+    "update", "epoch", "tokens", "loss", "acc1", "acc2", "acc3", "lr", "seconds",
+    "val_acc1", "val_tau",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class EagleTrainConfig:
+    """Optimisation settings (EAGLE-3's objective; values measured on this project's CPUs)."""
+
+    epochs: int = 2
+    lr: float = 3e-4
+    """AdamW peak learning rate (linear warm-up, cosine decay to 10 %)."""
+    warmup: int = 20
+    """Updates of linear warm-up."""
+    weight_decay: float = 0.0
+    batch_tokens: int = 2048
+    """Scored positions per update (whole sequences are accumulated until this is reached)."""
+    unroll: int = 3
+    """Training-time-test steps (EAGLE-3 trains >= 3 draft steps)."""
+    step_decay: float = 0.8
+    """Loss weight of step j: decay^(j − 1)."""
+    max_seq_tokens: int = 1024
+    valid_samples: int = 32
+    """Held-out samples (the last ones of the data) scored for validation."""
+    eval_every: int = 25
+    save_every: int = 50
+    clip: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        require(self.epochs >= 1, f"epochs must be >= 1, got {self.epochs}")
+        require(self.lr > 0, f"lr must be > 0, got {self.lr}")
+        require(self.batch_tokens >= 1, f"batch_tokens must be >= 1, got {self.batch_tokens}")
+        require(1 <= self.unroll <= 8, f"unroll must be in 1..8, got {self.unroll}")
+        require(0 < self.step_decay <= 1, f"step_decay must be in (0, 1], got {self.step_decay}")
+        require(self.max_seq_tokens >= 8, "max_seq_tokens must be >= 8")
+        require(self.valid_samples >= 0, "valid_samples must be >= 0")
+        require(self.eval_every >= 1 and self.save_every >= 1, "eval/save intervals must be >= 1")
+
+
+class _Schedule:
+    def __init__(self, config: EagleTrainConfig, total: int):
+        self.config, self.total = config, max(total, 1)
+
+    def __call__(self, update: int) -> float:
+        c = self.config
+        if update < c.warmup:
+            return c.lr * (update + 1) / c.warmup
+        progress = min(1.0, (update - c.warmup) / max(1, self.total - c.warmup))
+        return c.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def draft_vocabulary_ids(samples: list[Sample], vocab_size: int, size: int, special: list[int]):
+    """The `size` target ids most frequent in the training responses (ties: lower id), plus the
+    special tokens (they end turns), sorted."""
+    if size >= vocab_size:
+        return torch.arange(vocab_size)
+    counts = torch.zeros(vocab_size, dtype=torch.long)
+    for sample in samples:
+        ids = torch.tensor(sample.response_ids, dtype=torch.long)
+        counts += torch.bincount(ids[ids < vocab_size], minlength=vocab_size)
+    specials = [i for i in special if i < vocab_size]
+    counts[specials] = counts.max() + 1
+    order = torch.sort(-counts, stable=True).indices[:size]
+    return torch.sort(order).values
+
+
+def train_eagle(
+    target,
+    samples: list[Sample],
+    out: str | Path,
+    config: EagleTrainConfig,
+    shape: EagleShape,
+    progress: bool = True,
+) -> EagleHead:
+    """Train (or resume) a head for the loaded `target` (a LoadedModel on the lean decoder)."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    runner = target.runner
+    samples = [s for s in samples if len(s.response_ids) >= 2]
+    require(
+        len(samples) > config.valid_samples,
+        f"{len(samples)} usable samples; need more than valid_samples={config.valid_samples}",
+    )
+    valid = samples[len(samples) - config.valid_samples :]
+    train = samples[: len(samples) - config.valid_samples]
+    train = [
+        Sample(s.id, s.prompt_ids, s.response_ids[: config.max_seq_tokens - len(s.prompt_ids)])
+        for s in train
+        if len(s.prompt_ids) + 2 <= config.max_seq_tokens
+    ]
+    special = [*target.tokenizer.all_special_ids, *target.tokenizer.added_tokens_decoder]
+    head, state = _start_or_resume(out, runner, train, shape, config, special)
+    optimizer = torch.optim.AdamW(
+        [p for p in head.parameters()], lr=config.lr, weight_decay=config.weight_decay
+    )
+    if state.get("optimizer"):
+        optimizer.load_state_dict(state["optimizer"])
+    tokens_per_epoch = sum(len(s.response_ids) for s in train)
+    total_updates = math.ceil(config.epochs * tokens_per_epoch / config.batch_tokens)
+    schedule = _Schedule(config, total_updates)
+    target_rows = runner.lm_head[head.draft_ids].contiguous()
+    log = _Log(out / LOG_FILE, state["update"])
+    bar = tqdm(
+        total=total_updates, initial=state["update"], disable=not progress, unit="update",
+        desc="train-eagle",
+    )  # fmt: skip
+    started = time.perf_counter() - state.get("seconds", 0.0)
+    update, epoch, index = state["update"], state["epoch"], state["index"]
+    scored, sums = 0, _Sums(config.unroll)
+    sums.tokens_seen = state["tokens"]
+    head.train()
+    while epoch < config.epochs:
+        order = list(range(len(train)))
+        random.Random(config.seed + epoch).shuffle(order)
+        while index < len(order):
+            sample = train[order[index]]
+            index += 1
+            feats = sequence_features(runner, sample, shape.feature_layers, target_rows)
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                result = unrolled_losses(
+                    head, feats.taps, feats.embeds, feats.target_logits, feats.loss_mask,
+                    feats.cos, feats.sin, config.unroll, config.step_decay,
+                )  # fmt: skip
+            count = int(result.valid[0].sum())
+            if count == 0:
+                continue
+            (result.loss * count / config.batch_tokens).backward()
+            scored += count
+            sums.add(result, count)
+            if scored < config.batch_tokens:
+                continue
+            lr = schedule(update)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            torch.nn.utils.clip_grad_norm_(head.parameters(), config.clip)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            update += 1
+            row = {"update": update, "epoch": epoch, "tokens": sums.tokens_seen, "lr": lr}
+            row |= sums.means()
+            row["seconds"] = time.perf_counter() - started
+            if update % config.eval_every == 0 and valid:
+                row |= evaluate(head, runner, valid, shape, config, target_rows)
+                head.train()
+            log.write(row)
+            bar.update(1)
+            bar.set_postfix(loss=f"{row['loss']:.3f}", acc1=f"{row['acc1']:.3f}")
+            scored = 0
+            sums.reset_window()
+            if update % config.save_every == 0:
+                _save_checkpoint(out, head, optimizer, config, update, epoch, index, row["seconds"], sums)
+        epoch += 1
+        index = 0
+    bar.close()
+    seconds = time.perf_counter() - started
+    _save_checkpoint(out, head, optimizer, config, update, epoch, index, seconds, sums)
+    final = {"update": update, "epoch": epoch, "tokens": sums.tokens_seen, "seconds": seconds}
+    final |= evaluate(head, runner, valid, shape, config, target_rows) if valid else {}
+    log.write(final)
+    head.save(out / HEAD_DIR)
+    plot_learning_curve(out / LOG_FILE, out / CURVE_FILE)
+    return head
+
+
+@torch.inference_mode()
+def evaluate(head, runner, valid, shape, config, target_rows) -> dict:
+    """Held-out first-token agreement (step 1) and teacher-forced chain accepted length."""
+    head.eval()
+    hits, count, taus = 0, 0, []
+    for sample in valid:
+        feats = sequence_features(runner, sample, shape.feature_layers, target_rows)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            result = unrolled_losses(
+                head, feats.taps, feats.embeds, feats.target_logits, feats.loss_mask,
+                feats.cos, feats.sin, config.unroll, config.step_decay,
+            )  # fmt: skip
+        n = int(result.valid[0].sum())
+        if n:
+            hits += int(result.correct[0].sum())
+            count += n
+            taus.append((chain_accepted_length(result.correct, result.valid), n))
+    total = sum(n for _, n in taus)
+    return {
+        "val_acc1": hits / max(count, 1),
+        "val_tau": sum(t * n for t, n in taus) / max(total, 1),
+    }
+
+
+class _Sums:
+    """Running means of the logged metrics over the positions since the last update."""
+
+    def __init__(self, steps: int):
+        self.steps = steps
+        self.tokens_seen = 0
+        self.reset_window()
+
+    def reset_window(self) -> None:
+        self.loss = 0.0
+        self.count = 0
+        self.hits = [0] * self.steps
+        self.valid = [0] * self.steps
+
+    def add(self, result, count: int) -> None:
+        self.loss += float(result.loss) * count
+        self.count += count
+        self.tokens_seen += count
+        for j in range(self.steps):
+            self.hits[j] += int(result.correct[j].sum())
+            self.valid[j] += int(result.valid[j].sum())
+
+    def means(self) -> dict:
+        row = {"loss": self.loss / max(self.count, 1)}
+        for j in range(min(self.steps, 3)):
+            row[f"acc{j + 1}"] = self.hits[j] / max(self.valid[j], 1)
+        return row
+
+
+def _start_or_resume(
+    out: Path, runner, train, shape: EagleShape, config, special: list[int]
+) -> tuple[EagleHead, dict]:
+    checkpoint = out / CHECKPOINT_DIR
+    if (checkpoint / "state.pt").is_file():
+        head = EagleHead.load(checkpoint / HEAD_DIR, expected=shape)
+        state = torch.load(checkpoint / "state.pt", weights_only=False)
+        saved = state.get("config")
+        if saved is not None and saved != asdict(config):
+            raise ConfigError(
+                f"{out} holds a run with other settings ({_diff(saved, asdict(config))}); "
+                "resume with the same options or use a new --out"
+            )
+        return head, state
+    ids = draft_vocabulary_ids(train, shape.vocab_size, shape.draft_vocab_size, special)
+    head = EagleHead(shape, ids)
+    head.init_from_target(runner)
+    return head, {"update": 0, "epoch": 0, "index": 0, "tokens": 0}
+
+
+def _diff(saved: dict, current: dict) -> str:
+    return ", ".join(
+        f"{k}: {saved.get(k)!r} → {current.get(k)!r}"
+        for k in sorted(set(saved) | set(current))
+        if saved.get(k) != current.get(k)
+    )
+
+
+def _save_checkpoint(out, head, optimizer, config, update, epoch, index, seconds, sums) -> None:
+    """Head folder first, then state.pt by atomic rename: state.pt names a complete head."""
+    checkpoint = out / CHECKPOINT_DIR
+    head.save(checkpoint / HEAD_DIR, dtype=torch.float32)
+    state = {
+        "update": update,
+        "epoch": epoch,
+        "index": index,
+        "seconds": seconds,
+        "tokens": sums.tokens_seen,
+        "config": asdict(config),
+        "optimizer": optimizer.state_dict(),
+    }
+    tmp = checkpoint / "state.pt.tmp"
+    torch.save(state, tmp)
+    tmp.replace(checkpoint / "state.pt")
+
+
+class _Log:
+    """train_log.csv, truncated to the resumed update so a restarted run appends cleanly."""
+
+    def __init__(self, path: Path, update: int):
+        self.path = path
+        rows = []
+        if path.is_file() and update > 0:
+            with path.open() as f:
+                rows = [r for r in csv.DictReader(f) if int(r["update"]) <= update]
+        with path.open("w", newline="") as f:
+            writer = csv.DictWriter(f, LOG_COLUMNS)
+            writer.writeheader()
+            writer.writerows(rows)
+
+    def write(self, row: dict) -> None:
+        with self.path.open("a", newline="") as f:
+            csv.DictWriter(f, LOG_COLUMNS, extrasaction="ignore").writerow(
+                {k: (f"{v:.5g}" if isinstance(v, float) else v) for k, v in row.items()}
+            )
+
+
+def plot_learning_curve(log: Path, png: Path) -> None:
+    """Training loss and held-out agreement / accepted length vs training tokens."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    with log.open() as f:
+        rows = list(csv.DictReader(f))
+    if not rows:
+        return
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    tokens = [float(r["tokens"]) for r in rows if r["loss"]]
+    left.plot(tokens, [float(r["loss"]) for r in rows if r["loss"]])
+    left.set(xlabel="training positions", ylabel="soft cross-entropy", title="training loss")
+    evals = [r for r in rows if r["val_acc1"]]
+    if evals:
+        x = [float(r["tokens"]) for r in evals]
+        right.plot(x, [float(r["val_acc1"]) for r in evals], marker="o", label="first-token agreement")
+        twin = right.twinx()
+        twin.plot(x, [float(r["val_tau"]) for r in evals], marker="s", color="C1", label="chain τ")
+        twin.set_ylabel("accepted length τ (chain)")
+        right.legend(loc="lower right")
+    right.set(xlabel="training positions", ylabel="held-out agreement", title="validation")
+    fig.tight_layout()
+    fig.savefig(png, dpi=100)
+    plt.close(fig)
+
+
+def write_run_config(out: Path, meta: dict) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "train_config.json").write_text(json.dumps(meta, indent=1) + "\n")
