@@ -123,6 +123,13 @@ def generate_dvi(capsys, target, *extra):
     )
 
 
+def test_dvi_save_needs_learn(capsys, target, tmp_path):
+    code, _, err = generate_dvi(capsys, target, "--dvi-save", tmp_path / "head", *DTYPE)
+    assert code == 2
+    assert_one_line_error(err, "--dvi-save saves the head that --learn trains: add --learn")
+    assert "loading" not in err
+
+
 def test_dvi_adapter_that_is_not_an_adapter(capsys, target, tmp_path):
     (tmp_path / "folder").mkdir()
     code, _, err = generate_dvi(capsys, target, "--dvi-adapter", tmp_path / "folder", *DTYPE)

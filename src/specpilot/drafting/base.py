@@ -43,7 +43,11 @@ class Drafter(Protocol):
 
     # Optional: a drafter that learns online (DVI) also defines
     #   observe(slot, proposal, target_logits, num_accepted)
-    # which the engine calls after verifying `proposal` (the verified prefix) of that slot.
+    # which the engine calls after verifying `proposal` (the verified prefix) of that slot,
+    #   summary() -> str | None   a line on what it has learned so far (None: nothing to report)
+    #   save(path)                 write what it has learned,
+    # and a drafter that shares work with the verifier (DVI's shallow cache) defines
+    #   verifier(target_runner) -> runner   the runner the engine verifies through.
 
 
 def common_prefix_length(a: list[int], b: list[int]) -> int:

@@ -81,7 +81,12 @@ class _Row:
 class SpeculativeEngine:
     """Lossless speculative decoding of one target with a pluggable drafter and policies.
 
-    With `drafter=None` it is plain autoregressive decoding (the baseline)."""
+    With `drafter=None` it is plain autoregressive decoding (the baseline).
+
+    `observers`: callables run once per verified row-step as
+    `observer(slot, proposal, target_logits, record)`, with the proposal as verified, the target's
+    verify logits for it ([k + 1, vocab]) and the step's StepRecord. They watch without changing
+    the decoding (profiling, logging), so tools need not wrap the target or the policies."""
 
     def __init__(
         self,
@@ -101,6 +106,7 @@ class SpeculativeEngine:
             eos = getattr(tokenizer, "eos_token_id", None)
             eos_ids = set() if eos is None else {eos}
         self.eos_ids = frozenset(eos_ids)
+        self.observers: list[Callable[[int, Proposal, torch.Tensor, StepRecord], None]] = []
 
     def generate(
         self,
@@ -220,6 +226,8 @@ class SpeculativeEngine:
             row.stats.add(record)
             row.policy.observe(record)
             self.verify_policy.observe(record)
+            for observer in self.observers:
+                observer(row.slot, proposal, row_logits, record)
             if on_tokens is not None and emitted:
                 on_tokens(row.slot, emitted)
             if row.reason is None and len(row.sequence) >= self.target.max_length:
