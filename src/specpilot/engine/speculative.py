@@ -237,14 +237,8 @@ class SpeculativeEngine:
         return {"trees": trees}
 
     def _propose(self, rows: list[_Row], budgets: list[int], sampling) -> list[Proposal]:
-        if len(rows) == 1:
-            row = rows[0]
-            if budgets[0] <= 0:
-                return [Proposal([])]
-            return [
-                self.drafter.propose(row.sequence, budgets[0], row.policy, sampling, row.generator)
-            ]
-        return self.drafter.propose_batch(
+        """Every row drafts in its own cache slot, however few rows are still running."""
+        return self.drafter.propose(
             [row.sequence for row in rows],
             [row.slot for row in rows],
             budgets,
