@@ -172,7 +172,7 @@ class SpeculativeEngine:
         proposals = [Proposal([]) for _ in rows]
         if self.drafter is not None and any(budget > 0 for budget in budgets):
             proposals = self._propose(rows, budgets, sampling)
-        drafted = [proposal.k for proposal in proposals]
+        drafted = [proposal.depth for proposal in proposals]
         counts = self.verify_policy.select(
             [row.sequence for row in rows], proposals, [row.slot for row in rows], sampling
         )
@@ -210,12 +210,13 @@ class SpeculativeEngine:
             self.target.rollback(len(row.sequence) - 1, slot=row.slot)
             record = StepRecord(
                 num_drafted=num_drafted,
-                num_verified=len(proposal.tokens),
+                num_verified=proposal.depth,
                 num_accepted=result.num_accepted,
                 num_emitted=len(emitted),
                 draft_s=proposal.draft_s,
                 verify_s=verify_s,
                 context_len=len(row.sequence),
+                num_nodes=proposal.k,
             )
             row.stats.add(record)
             row.policy.observe(record)
