@@ -5,6 +5,10 @@ from __future__ import annotations
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import (
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
+    GPT2Config,
+    GPT2LMHeadModel,
     LlamaConfig,
     LlamaForCausalLM,
     PreTrainedTokenizerFast,
@@ -45,6 +49,35 @@ def tiny_model(
         for p in model.parameters():
             p.mul_(3.0)
     return model.to(dtype).eval()
+
+
+def tiny_generic(kind: str = "gpt2", vocab_size: int = 96, seed: int = 0):
+    """A random float32 model the lean decoder does not serve (the transformers backend does):
+    GPT-2 (learned positions, fused qkv), or Gemma 3 with sliding-window layers of window 4
+    alternating with full-attention ones, so any test past 4 tokens crops windowed caches."""
+    torch.manual_seed(seed)
+    ids = dict(vocab_size=vocab_size, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    if kind == "gpt2":
+        config = GPT2Config(**ids, n_positions=256, n_embd=64, n_layer=2, n_head=4)
+        model = GPT2LMHeadModel(config)
+    else:
+        config = Gemma3TextConfig(
+            **ids,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            max_position_embeddings=256,
+            sliding_window=4,
+            layer_types=["sliding_attention", "full_attention"] * 2,
+        )
+        model = Gemma3ForCausalLM(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(3.0)
+    return model.eval()
 
 
 class TinyTokenizer:

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
+from specpilot.tree import tree_depths
+
 
 @dataclass(frozen=True)
 class Proposal:
@@ -34,6 +36,14 @@ class Proposal:
     @property
     def k(self) -> int:
         return len(self.tokens)
+
+    @property
+    def depth(self) -> int:
+        """Tokens on the longest root-to-leaf path (k for a chain): the most one step can
+        accept, and what draft lengths and acceptance by position count."""
+        if self.parents is None:
+            return self.k
+        return max(tree_depths(self.parents), default=0)
 
     @property
     def chain_length(self) -> int:
@@ -84,13 +94,24 @@ class VerifyResult:
 
 @dataclass(frozen=True)
 class StepRecord:
-    """Metrics of one verify step, as observed by policies and aggregated into stats."""
+    """Metrics of one verify step, as observed by policies and aggregated into stats.
+
+    Draft lengths count depth along a path, so chain and tree rows mean the same: for a chain
+    each is a token count; a tree of depth d drafted d (its siblings are alternatives at a
+    depth, not further tokens), and its accepted path has num_accepted nodes. What the target
+    paid for is num_nodes."""
 
     num_drafted: int
+    """Depth of the proposal as drafted."""
     num_verified: int
+    """Depth of what the target verified (a verify policy or the context end may cut it)."""
     num_accepted: int
+    """Depth of the accepted path."""
     num_emitted: int
     """Tokens actually appended (can be fewer than num_accepted + 1 at EOS or max length)."""
     draft_s: float
     verify_s: float
     context_len: int
+    num_nodes: int
+    """Drafted tokens fed to the target in the verify forward (num_verified for a chain, every
+    node for a tree)."""

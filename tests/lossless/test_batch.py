@@ -11,6 +11,7 @@ from tiny import TinyTokenizer, perturbed, tiny_model
 
 from specpilot.config import GenerationConfig, SamplingConfig
 from specpilot.drafting import ModelDrafter, NgramDrafter
+from specpilot.drafting.base import common_prefix_length
 from specpilot.engine import SpeculativeEngine
 from specpilot.errors import ConfigError
 from specpilot.models.decoder import DecoderRunner
@@ -95,6 +96,23 @@ def test_rows_finish_at_their_own_time(target_model, draft_model):
     assert [r.finish_reason for r in results] == [e.finish_reason for e in expected]
     assert len({len(r.token_ids) for r in results}) > 1
     assert all(r.stats.total_s > 0 for r in results)
+
+
+def test_last_running_row_drafts_in_its_own_slot(target_model, draft_model):
+    """Row 0 reaches the context end first; row 1 then drafts alone and must still draft in
+    slot 1: at the end each draft cache slot holds its own row's sequence up to the last step
+    (drafts past it may have been rejected), not a batchmate's tokens or a stale prefix."""
+    k = 3
+    prompts = [list(range(4, 18)), [1, 7]]  # row 0 has room for 10 new tokens, row 1 for 20
+    engine = batch_engine(target_model, draft_model, "model", ConstantPolicy(k), max_length=24)
+    results = engine.generate_batch(prompts, GenerationConfig(max_new_tokens=MAX_NEW))
+    assert len(results[0].stats.records) < len(results[1].stats.records)
+    drafter = engine.drafter
+    for slot, (prompt, result) in enumerate(zip(prompts, results, strict=True)):
+        sequence = prompt + result.token_ids
+        cached = drafter.cache.cached[slot]
+        assert common_prefix_length(cached, sequence) >= len(sequence) - (k + 1), slot
+        assert drafter.runner.slot_lengths[slot][-1] == len(cached)
 
 
 def test_batch_sampling_rows_equal_single_runs(target_model, draft_model):

@@ -3,8 +3,9 @@
 The joint distribution of the first two generated tokens, over many seeds, must match the
 target's exact distribution (computed from its logits) by a chi-square test — for a model
 drafter (stochastic proposals) and the n-gram drafter (deterministic proposals), with plain
-temperature and with top-k/top-p. A deliberately broken verifier (accept every draft token)
-run through the same test must be rejected, so the test can fail.
+temperature and with top-k/top-p, on the lean decoder and on the generic transformers backend.
+A deliberately broken verifier (accept every draft token) run through the same test must be
+rejected, so the test can fail.
 """
 
 from __future__ import annotations
@@ -12,13 +13,14 @@ from __future__ import annotations
 import pytest
 import torch
 from scipy.stats import chisquare
-from tiny import TinyTokenizer, perturbed, tiny_model
+from tiny import TinyTokenizer, perturbed, tiny_generic, tiny_model
 
 import specpilot.engine.speculative as speculative
 from specpilot.config import GenerationConfig, SamplingConfig
 from specpilot.drafting import ModelDrafter, NgramDrafter
 from specpilot.engine import SpeculativeEngine
 from specpilot.models.decoder import DecoderRunner
+from specpilot.models.hf_adapter import HFRunner
 from specpilot.models.vocab import DraftVocabulary
 from specpilot.policies import ConstantPolicy, SvipPolicy
 from specpilot.sampling import logits_to_probs, sample
@@ -71,16 +73,16 @@ def chi_square_pvalue(
     )
 
 
-def make_engine(target, drafter_kind: str, policy=None) -> SpeculativeEngine:
+def make_engine(target, drafter_kind: str, policy=None, runner=DecoderRunner) -> SpeculativeEngine:
     if drafter_kind == "ngram":
         drafter = NgramDrafter()
     else:  # "model-subvocab" drafts from ids 0..5 only: q is zero on ids 6 and 7
         vocabulary = (
             DraftVocabulary(torch.arange(6), VOCAB) if drafter_kind == "model-subvocab" else None
         )
-        drafter = ModelDrafter(DecoderRunner(perturbed(target, 1.0)), vocabulary)
+        drafter = ModelDrafter(runner(perturbed(target, 1.0)), vocabulary)
     return SpeculativeEngine(
-        DecoderRunner(target), TinyTokenizer(), drafter, policy or ConstantPolicy(2), eos_ids=set()
+        runner(target), TinyTokenizer(), drafter, policy or ConstantPolicy(2), eos_ids=set()
     )
 
 
@@ -92,6 +94,16 @@ SAMPLINGS = [SamplingConfig(temperature=1.0), SamplingConfig(temperature=0.8, to
 def test_sampled_output_follows_target(target, drafter_kind, sampling):
     expected = exact_joint_distribution(target, sampling)
     assert chi_square_pvalue(make_engine(target, drafter_kind), expected, sampling) > 1e-3
+
+
+@pytest.mark.parametrize("kind,drafter_kind", [("gpt2", "ngram"), ("gemma3", "model")])
+def test_hf_backend_sampled_output_follows_target(kind, drafter_kind):
+    """The transformers backend (HFRunner): rejected drafts crop its DynamicCache, windowed
+    layers included (Gemma 3's window of 4 is shorter than the prompt)."""
+    sampling = SAMPLINGS[1]
+    target = tiny_generic(kind, vocab_size=VOCAB, seed=3)
+    engine = make_engine(target, drafter_kind, runner=HFRunner)
+    assert chi_square_pvalue(engine, exact_joint_distribution(target, sampling), sampling) > 1e-3
 
 
 @pytest.mark.parametrize("sampling", SAMPLINGS, ids=["t1", "t0.8-topk-topp"])

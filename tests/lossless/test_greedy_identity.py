@@ -48,13 +48,14 @@ class ScriptedDrafter:
     def reset(self) -> None:
         pass
 
-    def propose(self, sequence, budget, policy, sampling, generator):
+    def propose(self, sequences, slots, budgets, policies, sampling, generators):
+        (sequence,), (budget,) = sequences, budgets
         assert sequence == self.full[: len(sequence)], (
             "engine committed a token plain decoding would not"
         )
         truth = self.full[len(sequence) : len(sequence) + budget]
         tokens = [t if i < self.right else (t + 1) % self.vocab for i, t in enumerate(truth)]
-        return Proposal(tokens)
+        return [Proposal(tokens)]
 
 
 def policies():

@@ -17,13 +17,13 @@ from test_dvi_lossless import trained_head
 from test_engine_sampling import SAMPLINGS, chi_square_pvalue, exact_joint_distribution
 from tiny import TinyTokenizer, perturbed, tiny_model
 
-from specpilot.config import SamplingConfig
+from specpilot.config import GenerationConfig, SamplingConfig
 from specpilot.drafting import ModelDrafter
 from specpilot.drafting.layer_split import LayerSplitDrafter
 from specpilot.engine import SpeculativeEngine
 from specpilot.errors import ConfigError
 from specpilot.models.decoder import DecoderRunner
-from specpilot.policies import ConstantPolicy
+from specpilot.policies import ConstantPolicy, HeuristicPolicy
 from specpilot.registry import make_drafter
 from specpilot.sampling import sample
 from specpilot.tree import children, tree_depths, tree_mask
@@ -52,6 +52,8 @@ def test_tree_layout():
 def test_proposal_chain_and_path_helpers():
     proposal = Proposal([5, 6, 7, 8], parents=PARENTS)
     assert proposal.chain_length == 2
+    assert proposal.depth == 2 and Proposal([5, 6, 7]).depth == 3
+    assert Proposal([5, 6, 7], parents=(-1, -1, 1)).depth == 2
     assert proposal.truncated(3).parents == (-1, 0, -1)
     assert Proposal([5, 6]).chain_length == 2
     through_sibling = VerifyResult(1, 9, (2,))
@@ -80,6 +82,46 @@ def test_runner_tree_forward_and_kept_path_equal_the_chain():
     chain_runner.rollback(len(prefix) + 1)
     chain_runner.forward([10])
     torch.testing.assert_close(tree_runner.forward([12, 13]), chain_runner.forward([12, 13]))
+
+
+class ScriptedTree:
+    """Proposes the target's greedy continuation as the chain, plus two wrong first tokens."""
+
+    def __init__(self, full: list[int]):
+        self.full = full
+
+    def reset(self) -> None:
+        pass
+
+    def propose(self, sequences, slots, budgets, policies, sampling, generators):
+        (sequence,), (budget,) = sequences, budgets
+        chain = self.full[len(sequence) : len(sequence) + budget]
+        wrong = [t for t in range(3, 8) if t != chain[0]][:2]
+        return [Proposal(chain + wrong, parents=(*range(-1, len(chain) - 1), -1, -1))]
+
+
+def test_tree_steps_count_depth():
+    """A tree whose whole chain is accepted is an all-accepted step: the heuristic policy grows
+    k (+2 each step), and drafted, verified, accepted and acceptance by position count depth
+    along the chain, while `nodes` counts what the target verified (siblings included)."""
+    model = tiny_model("qwen2", dtype=torch.float64)
+    prompt = [1, 5, 9, 14]
+    plain = SpeculativeEngine(DecoderRunner(model), TinyTokenizer(), eos_ids=set())
+    full = prompt + plain.generate(prompt, GenerationConfig(max_new_tokens=40)).token_ids
+    engine = SpeculativeEngine(
+        DecoderRunner(model), TinyTokenizer(), ScriptedTree(full), HeuristicPolicy(), eos_ids=set()
+    )
+    result = engine.generate(prompt, GenerationConfig(max_new_tokens=30))
+    assert result.token_ids == full[len(prompt) : len(prompt) + 30]
+    records = result.stats.records
+    # k = 5, 7, 9, then the 5 tokens of room left before max_new_tokens
+    assert [r.num_drafted for r in records] == [5, 7, 9, 5]
+    assert all(r.num_verified == r.num_accepted == r.num_drafted for r in records)
+    assert [r.num_nodes for r in records] == [7, 9, 11, 7]
+    stats = result.stats
+    assert (stats.drafted, stats.verified, stats.accepted, stats.nodes) == (26, 26, 26, 34)
+    assert stats.acceptance_rate == 1.0
+    assert stats.acceptance_by_position == [1.0] * 9
 
 
 def test_verify_tree_greedy_follows_the_matching_branch():

@@ -116,11 +116,64 @@ def test_buffer_state_dict_round_trip():
 
 # -- what the drafter logs -------------------------------------------------------------------
 class RecordingLearner:
-    def __init__(self):
-        self.calls = []
+    """Keeps every logged block, per cache slot (the slot the drafter's observe was called for)."""
+
+    def __init__(self, drafter: LayerSplitDrafter):
+        self.calls: dict[int, list] = {}
+        self.slot = None
+        observe = drafter.observe
+
+        def observe_slot(slot, *args):
+            self.slot = slot
+            observe(slot, *args)
+
+        drafter.observe = observe_slot
+        drafter.learner = self
 
     def add_block(self, block, num_drafted):
-        self.calls.append((block, num_drafted))
+        self.calls.setdefault(self.slot, []).append((block, num_drafted))
+
+
+def check_logged_blocks(model, split, prompt, result, calls) -> set[int]:
+    """Each verified step of one request logged one block, holding exactly what that step
+    drafted from and was verified against; returns the accepted counts seen."""
+    sequence = prompt + result.token_ids
+    logits = DecoderRunner(model).forward(sequence)  # row i: the target after sequence[: i + 1]
+    shallow = DecoderRunner(model).run_batch([sequence], [0], end_layer=split, logits="none")
+    hidden = shallow[0].hidden
+    steps = [r for r in result.stats.records if r.num_verified > 0]
+    assert len(calls) == len(steps)
+    context = len(prompt)
+    blocks = iter(calls)
+    seen_m = set()
+    for record in result.stats.records:
+        if record.num_verified == 0:
+            context += record.num_emitted
+            continue
+        block, num_drafted = next(blocks)
+        m = record.num_accepted
+        n = len(block.draft_tokens)
+        assert num_drafted == record.num_verified
+        assert n == min(m + 1, num_drafted)
+        assert block.rewards == [1.0] * min(m, n) + [0.0] * (n - m)
+        assert len(block.prev_tokens) == n
+        assert block.hidden.shape == (n, hidden.shape[1])
+        assert block.target_logits.shape == (n, logits.shape[1])
+        rows = [context - 1 + i for i in range(n)]  # position that predicts d_{i+1}
+        for i, token in enumerate(block.draft_tokens):
+            accepted = token == int(block.target_logits[i].argmax())
+            assert block.rewards[i] == float(accepted)
+            if i < m:
+                assert token == sequence[context + i]
+        assert block.prev_tokens == sequence[context - 1 : context - 1 + n]
+        torch.testing.assert_close(
+            block.target_logits, logits[rows], rtol=1e-6, atol=1e-5, check_dtype=False
+        )
+        torch.testing.assert_close(block.hidden, hidden[rows], rtol=1e-9, atol=1e-9)
+        seen_m.add(m)
+        context += record.num_emitted
+    assert context == len(sequence)
+    return seen_m
 
 
 @pytest.mark.parametrize("share_cache", [True, False])
@@ -129,53 +182,36 @@ def test_drafter_logs_positions_up_to_the_first_reject(model, share_cache, split
     runner = DecoderRunner(model)
     head = DraftHead(runner, split)
     randomize_lora(head, seed=split, std=0.02)  # small: drafts still accepted 1-4 at a time
-    learner = RecordingLearner()
-    drafter = LayerSplitDrafter(runner, head, share_cache=share_cache, learner=learner)
+    drafter = LayerSplitDrafter(runner, head, share_cache=share_cache)
+    learner = RecordingLearner(drafter)
     engine = SpeculativeEngine(
         drafter.target, TinyTokenizer(), drafter, ConstantPolicy(4), eos_ids=set()
     )
-    seen_lengths, seen_m = set(), set()
+    seen_m = set()
     for prompt in PROMPTS:
         learner.calls.clear()
         result = engine.generate(prompt, GenerationConfig(max_new_tokens=30))
-        sequence = prompt + result.token_ids
-        fresh = DecoderRunner(model)
-        logits = fresh.forward(sequence)  # row i: the target after sequence[: i + 1]
-        shallow = DecoderRunner(model).run_batch([sequence], [0], end_layer=split, logits="none")
-        hidden = shallow[0].hidden
-        steps = [r for r in result.stats.records if r.num_verified > 0]
-        assert len(learner.calls) == len(steps)
-        context = len(prompt)
-        blocks = iter(learner.calls)
-        for record in result.stats.records:
-            if record.num_verified == 0:
-                context += record.num_emitted
-                continue
-            block, num_drafted = next(blocks)
-            m = record.num_accepted
-            n = len(block.draft_tokens)
-            assert num_drafted == record.num_verified
-            assert n == min(m + 1, num_drafted)
-            assert block.rewards == [1.0] * min(m, n) + [0.0] * (n - m)
-            assert len(block.prev_tokens) == n
-            assert block.hidden.shape == (n, runner.lm_head.shape[1])
-            assert block.target_logits.shape == (n, runner.vocab_size)
-            rows = [context - 1 + i for i in range(n)]  # position that predicts d_{i+1}
-            for i, token in enumerate(block.draft_tokens):
-                accepted = token == int(block.target_logits[i].argmax())
-                assert block.rewards[i] == float(accepted)
-                if i < m:
-                    assert token == sequence[context + i]
-            assert block.prev_tokens == sequence[context - 1 : context - 1 + n]
-            torch.testing.assert_close(
-                block.target_logits, logits[rows], rtol=1e-6, atol=1e-5, check_dtype=False
-            )
-            torch.testing.assert_close(block.hidden, hidden[rows], rtol=1e-9, atol=1e-9)
-            seen_lengths.add(n)
-            seen_m.add(m)
-            context += record.num_emitted
-        assert context == len(sequence)
+        seen_m |= check_logged_blocks(model, head.shape.split, prompt, result, learner.calls[0])
     assert 0 in seen_m and max(seen_m) >= 2, "want blocks rejected at once and accepted ones"
+
+
+@pytest.mark.parametrize("share_cache", [True, False])
+def test_last_running_row_logs_its_own_blocks(model, share_cache):
+    """Row 0 reaches the context end first; row 1 then drafts alone, in its own slot: its blocks
+    still pair the h_k and tokens it drafted from with the verifier's logits for them."""
+    runner = DecoderRunner(model, max_length=40, batch_size=2)
+    head = DraftHead(runner, 2)
+    randomize_lora(head, seed=2, std=0.02)
+    drafter = LayerSplitDrafter(runner, head, share_cache=share_cache)
+    learner = RecordingLearner(drafter)
+    engine = SpeculativeEngine(
+        drafter.target, TinyTokenizer(), drafter, ConstantPolicy(4), eos_ids=set()
+    )
+    prompts = [list(range(4, 30)), [1, 7]]  # room for 14 new tokens in row 0, 30 in row 1
+    results = engine.generate_batch(prompts, GenerationConfig(max_new_tokens=30))
+    assert len(results[0].stats.records) < len(results[1].stats.records)
+    for slot, (prompt, result) in enumerate(zip(prompts, results, strict=True)):
+        check_logged_blocks(model, 2, prompt, result, learner.calls[slot])
 
 
 # -- training leaves the backbone alone ------------------------------------------------------

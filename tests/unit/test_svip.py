@@ -75,25 +75,30 @@ class ScriptedRunner:
         return [self.forward(rows[0], logits)]
 
 
+def propose_one(drafter: ModelDrafter, sequence: list[int], budget: int, policy: SvipPolicy):
+    """A batch of one in cache slot 0, greedy."""
+    return drafter.propose([sequence], [0], [budget], [policy], SamplingConfig(), [None])[0]
+
+
 def test_keep_then_stop_and_at_least_one_token():
     # entropies seen at draft steps: low, low, high → three tokens drafted, the high one kept
     drafter = ModelDrafter(ScriptedRunner([0.1] * 4 + [2.0] + [0.1] * 10))  # cache length → H
-    proposal = drafter.propose([1, 2], 40, SvipPolicy(), SamplingConfig(), None)
+    proposal = propose_one(drafter, [1, 2], 40, SvipPolicy())
     assert proposal.k == 3
     drafter = ModelDrafter(ScriptedRunner([3.0]))  # hopeless from the start: still one token
-    assert drafter.propose([1, 2], 40, SvipPolicy(), SamplingConfig(), None).k == 1
+    assert propose_one(drafter, [1, 2], 40, SvipPolicy()).k == 1
     drafter = ModelDrafter(ScriptedRunner([0.0]))  # confident forever: capped by max_k
     policy = SvipPolicy(max_k=7)
-    assert drafter.propose([1, 2], policy.draft_budget(), policy, SamplingConfig(), None).k == 7
+    assert propose_one(drafter, [1, 2], policy.draft_budget(), policy).k == 7
 
 
 def test_stop_before_the_uncertain_token_may_draft_nothing():
     # keep_uncertain=False: the high-entropy third position is not drafted at all
     drafter = ModelDrafter(ScriptedRunner([0.1] * 4 + [2.0] + [0.1] * 10))
     policy = SvipPolicy(keep_uncertain=False)
-    assert drafter.propose([1, 2], 40, policy, SamplingConfig(), None).k == 2
+    assert propose_one(drafter, [1, 2], 40, policy).k == 2
     drafter = ModelDrafter(ScriptedRunner([3.0]))  # hopeless from the start: nothing drafted
-    assert drafter.propose([1, 2], 40, policy, SamplingConfig(), None).k == 0
+    assert propose_one(drafter, [1, 2], 40, policy).k == 0
     assert make_draft_policy("svip", keep_uncertain="0").keep_uncertain is False
 
 
@@ -114,7 +119,6 @@ def test_svip_on_a_real_runner_drafts_variable_lengths():
     draft = DecoderRunner(perturbed(tiny_model("qwen2", seed=0), 0.3))
     drafter = ModelDrafter(draft)
     lengths = {
-        drafter.propose(list(range(1, n)), 6, SvipPolicy(h=0.72), SamplingConfig(), None).k
-        for n in range(3, 15)
+        propose_one(drafter, list(range(1, n)), 6, SvipPolicy(h=0.72)).k for n in range(3, 15)
     }
     assert len(lengths) > 1

@@ -94,7 +94,7 @@ def _stats_of(prompt_runs: list[PromptRuns]) -> GenerationStats | None:
 
 
 def _per_step(stats: GenerationStats | None, field: str) -> float | None:
-    """Mean of a per-step count (drafted, verified, accepted tokens) over verify steps."""
+    """Mean of a per-step count (drafted, verified, accepted depth; nodes) over verify steps."""
     return getattr(stats, field) / stats.steps if stats and stats.steps else None
 
 
@@ -158,6 +158,7 @@ def summarize(results: dict[str, list[PromptRuns]], greedy: bool) -> list[dict]:
                     "mean_accepted_tokens": stats.mean_accepted_tokens if stats else None,
                     "mean_draft_length": _per_step(stats, "drafted"),
                     "mean_verify_length": _per_step(stats, "verified"),
+                    "mean_verify_nodes": _per_step(stats, "nodes"),  # tree siblings included
                     # the longest draft that would have been fully accepted, per step: exact after
                     # a rejection, a lower bound (the draft length) when all were accepted
                     "mean_oracle_length": _per_step(stats, "accepted"),

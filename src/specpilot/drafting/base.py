@@ -1,8 +1,10 @@
-"""The drafter interface: propose a chain of tokens continuing the committed sequence.
+"""The drafter interface: propose a chain (or tree) of tokens continuing each committed sequence.
 
-Drafters are stateless towards the engine: each `propose` receives the whole committed sequence,
-and a drafter with a cache re-synchronises it itself (keeping the longest common prefix of what
-it has cached and the sequence). The engine therefore never tells a drafter what was accepted.
+Drafters are stateless towards the engine: each `propose` receives the whole committed sequence
+of every row, and a drafter with a cache re-synchronises it itself (keeping the longest common
+prefix of what that row's cache slot holds and the sequence). The engine therefore never tells a
+drafter what was accepted. There is one entry point, for a batch: a lone row is a batch of one
+in its own cache slot, so a drafter's per-slot state always follows the request in that slot.
 """
 
 from __future__ import annotations
@@ -22,16 +24,6 @@ class Drafter(Protocol):
 
     def propose(
         self,
-        sequence: list[int],
-        budget: int,
-        policy: DraftPolicy,
-        sampling: SamplingConfig,
-        generator: torch.Generator | None,
-    ) -> Proposal:
-        """Draft at most `budget` (>= 1) tokens after `sequence`, asking `policy` after each."""
-
-    def propose_batch(
-        self,
         sequences: list[list[int]],
         slots: list[int],
         budgets: list[int],
@@ -39,7 +31,9 @@ class Drafter(Protocol):
         sampling: SamplingConfig,
         generators: list[torch.Generator | None],
     ) -> list[Proposal]:
-        """`propose` for every row of a batch (row j in cache slot slots[j]; budget 0 → empty)."""
+        """For each row j (in cache slot slots[j]): draft at most budgets[j] tokens after
+        sequences[j] (budget 0: an empty proposal), asking policies[j] before and after each
+        token and drawing with generators[j]."""
 
     # Optional: a drafter that learns online (DVI) also defines
     #   observe(slot, proposal, target_logits, num_accepted)

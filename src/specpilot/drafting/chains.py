@@ -89,17 +89,3 @@ def _runners_up(
     ranked = logits.topk(min(count + 1, logits.shape[-1])).indices.tolist()
     picked = [i for i in ranked if i != chosen][:count]
     return picked if vocabulary is None else [vocabulary.to_full_id(i) for i in picked]
-
-
-class BatchOfOne:
-    """`propose` for drafters that implement `propose_batch`: a batch of one in cache slot 0."""
-
-    def propose(
-        self,
-        sequence: list[int],
-        budget: int,
-        policy: DraftPolicy,
-        sampling: SamplingConfig,
-        generator: torch.Generator | None,
-    ) -> Proposal:
-        return self.propose_batch([sequence], [0], [budget], [policy], sampling, [generator])[0]

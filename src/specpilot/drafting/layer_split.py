@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from specpilot.config import SamplingConfig, require
-from specpilot.drafting.chains import BatchOfOne, draft_chains
+from specpilot.drafting.chains import draft_chains
 from specpilot.drafting.dvi_head import DraftHead
 from specpilot.errors import ConfigError
 from specpilot.models.decoder import DecoderRunner
@@ -52,7 +52,7 @@ class VerifiedBlock:
     prev_tokens: list[int]
 
 
-class LayerSplitDrafter(BatchOfOne):
+class LayerSplitDrafter:
     def __init__(
         self,
         target: DecoderRunner,
@@ -124,7 +124,7 @@ class LayerSplitDrafter(BatchOfOne):
                 self.cache.fed(feed, slot)
         return [out.hidden for out in outs]
 
-    def propose_batch(
+    def propose(
         self,
         sequences: list[list[int]],
         slots: list[int],

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from specpilot.config import SamplingConfig, require
-from specpilot.drafting.chains import BatchOfOne, draft_chains
+from specpilot.drafting.chains import draft_chains
 from specpilot.errors import ConfigError
 from specpilot.models.runner import CausalRunner
 from specpilot.models.synced_cache import SyncedCache
@@ -19,7 +19,7 @@ from specpilot.policies.base import DraftPolicy
 from specpilot.types import Proposal
 
 
-class ModelDrafter(BatchOfOne):
+class ModelDrafter:
     def __init__(
         self,
         runner: CausalRunner,
@@ -43,7 +43,7 @@ class ModelDrafter(BatchOfOne):
     def reset(self) -> None:
         self.cache.reset()
 
-    def propose_batch(
+    def propose(
         self,
         sequences: list[list[int]],
         slots: list[int],

@@ -37,22 +37,6 @@ class NgramDrafter:
 
     def propose(
         self,
-        sequence: list[int],
-        budget: int,
-        policy: DraftPolicy,
-        sampling: SamplingConfig,
-        generator: torch.Generator | None,
-    ) -> Proposal:
-        start = time.perf_counter()
-        tokens: list[int] = []
-        for token in self.lookup(sequence, budget):
-            tokens.append(token)
-            if not policy.continue_drafting(DraftToken(len(tokens) - 1, token, None)):
-                break
-        return Proposal(tokens, None, time.perf_counter() - start)
-
-    def propose_batch(
-        self,
         sequences: list[list[int]],
         slots: list[int],
         budgets: list[int],
@@ -60,8 +44,17 @@ class NgramDrafter:
         sampling: SamplingConfig,
         generators: list[torch.Generator | None],
     ) -> list[Proposal]:
-        """Row by row: lookup is stateless and needs no model."""
+        """Row by row: lookup is stateless and needs no model (slots and sampling unused)."""
         return [
-            self.propose(s, b, p, sampling, g) if b > 0 else Proposal([])
-            for s, b, p, g in zip(sequences, budgets, policies, generators, strict=True)
+            self._propose_row(sequence, budget, policy) if budget > 0 else Proposal([])
+            for sequence, budget, policy in zip(sequences, budgets, policies, strict=True)
         ]
+
+    def _propose_row(self, sequence: list[int], budget: int, policy: DraftPolicy) -> Proposal:
+        start = time.perf_counter()
+        tokens: list[int] = []
+        for token in self.lookup(sequence, budget):
+            tokens.append(token)
+            if not policy.continue_drafting(DraftToken(len(tokens) - 1, token, None)):
+                break
+        return Proposal(tokens, None, time.perf_counter() - start)

@@ -178,7 +178,7 @@ class SpeculativeEngine:
         proposals = [Proposal([]) for _ in rows]
         if self.drafter is not None and any(budget > 0 for budget in budgets):
             proposals = self._propose(rows, budgets, sampling)
-        drafted = [proposal.k for proposal in proposals]
+        drafted = [proposal.depth for proposal in proposals]
         counts = self.verify_policy.select(
             [row.sequence for row in rows], proposals, [row.slot for row in rows], sampling
         )
@@ -216,12 +216,13 @@ class SpeculativeEngine:
             self.target.rollback(len(row.sequence) - 1, slot=row.slot)
             record = StepRecord(
                 num_drafted=num_drafted,
-                num_verified=len(proposal.tokens),
+                num_verified=proposal.depth,
                 num_accepted=result.num_accepted,
                 num_emitted=len(emitted),
                 draft_s=proposal.draft_s,
                 verify_s=verify_s,
                 context_len=len(row.sequence),
+                num_nodes=proposal.k,
             )
             row.stats.add(record)
             row.policy.observe(record)
@@ -245,14 +246,8 @@ class SpeculativeEngine:
         return {"trees": trees}
 
     def _propose(self, rows: list[_Row], budgets: list[int], sampling) -> list[Proposal]:
-        if len(rows) == 1:
-            row = rows[0]
-            if budgets[0] <= 0:
-                return [Proposal([])]
-            return [
-                self.drafter.propose(row.sequence, budgets[0], row.policy, sampling, row.generator)
-            ]
-        return self.drafter.propose_batch(
+        """Every row drafts in its own cache slot, however few rows are still running."""
+        return self.drafter.propose(
             [row.sequence for row in rows],
             [row.slot for row in rows],
             budgets,

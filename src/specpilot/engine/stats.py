@@ -1,4 +1,7 @@
-"""Per-request statistics aggregated from per-step records (vocabulary: DESIGN.md §4)."""
+"""Per-request statistics aggregated from per-step records (vocabulary: DESIGN.md §4).
+
+Drafted, verified and accepted counts are depths (StepRecord), so acceptance rates and
+acceptance by position mean the same for chains and trees; `nodes` is the verify cost."""
 
 from __future__ import annotations
 
@@ -15,6 +18,8 @@ class GenerationStats:
     drafted: int = 0
     verified: int = 0
     accepted: int = 0
+    nodes: int = 0
+    """Drafted tokens the target verified, tree siblings included."""
     draft_s: float = 0.0
     verify_s: float = 0.0
     prefill_s: float = 0.0
@@ -30,6 +35,7 @@ class GenerationStats:
         self.drafted += record.num_drafted
         self.verified += record.num_verified
         self.accepted += record.num_accepted
+        self.nodes += record.num_nodes
         self.draft_s += record.draft_s
         self.verify_s += record.verify_s
         grow = record.num_verified - len(self.drafted_per_position)
@@ -58,7 +64,7 @@ class GenerationStats:
 
     @property
     def acceptance_rate(self) -> float:
-        """Accepted / verified drafted tokens."""
+        """Accepted / verified draft depth."""
         return self.accepted / self.verified if self.verified else 0.0
 
     @property
@@ -71,7 +77,7 @@ class GenerationStats:
 
     @property
     def acceptance_by_position(self) -> list[float]:
-        """Probability that drafted position i is accepted, given that it was verified."""
+        """Probability that draft depth i + 1 is accepted, given that it was verified."""
         return [
             a / d if d else 0.0
             for a, d in zip(self.accepted_per_position, self.drafted_per_position, strict=False)

@@ -3,12 +3,20 @@
 Uses the model's own forward with a DynamicCache; rollback crops the cache. It offers the
 `CausalRunner` interface only: no layer taps, layer-split forwards or tree masks, so methods that
 need those (DVI, tree drafting) reject models served by this adapter with a clear error.
+
+Rollback: `DynamicCache.crop` takes the absolute length to keep in transformers 4.x but only a
+negative count of tokens to drop in 5.x; a negative count means the same in both. Sliding-window
+layers normally keep only the last window, which a rollback would need to restore: the cache
+records past states (transformers 5) and trims them at each crop, so a rollback may go back to
+the length of the last crop but not further. Full-attention caches roll back
+anywhere; recurrent-state layers (linear attention, SSMs) cannot roll back at all.
 """
 
 from __future__ import annotations
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 from specpilot.errors import ConfigError, PromptError
 from specpilot.models.runner import LogitRows
@@ -26,21 +34,40 @@ class HFRunner:
         self.vocab_size = hf_model.get_output_embeddings().weight.shape[0]
         self.dtype = hf_model.dtype
         self.device = hf_model.device
-        self.cache = DynamicCache(config=config)
-        self._length = 0
+        self.reset()
 
     @property
     def length(self) -> int:
         return self._length
 
     def rollback(self, length: int, slot: int = 0) -> None:
-        if length < self._length:
-            self.cache.crop(length)
-            self._length = length
+        if length >= self._length:
+            return
+        if length == 0:
+            self.reset()
+            return
+        layers = self.cache.layers
+        if not all(getattr(layer, "is_croppable", True) for layer in layers):
+            raise ConfigError(
+                f"{type(self.model).__name__} keeps a recurrent state that cannot be rolled back, "
+                "so speculative decoding cannot serve it: decode without a drafter"
+            )
+        if length < self._floor:
+            raise RuntimeError(
+                f"cannot roll back to {length}: windowed layers keep positions from "
+                f"{self._floor} on (module docstring)"
+            )
+        self.cache.crop(length - self._length)
+        self._length = length
+        if not all(type(layer) is DynamicLayer for layer in layers):
+            self._floor = length
 
     def reset(self) -> None:
         self.cache = DynamicCache(config=self.model.config)
+        if hasattr(self.cache, "activate_past_recording"):  # transformers 5: windows can crop
+            self.cache.activate_past_recording()
         self._length = 0
+        self._floor = 0
 
     @torch.inference_mode()
     def forward(self, input_ids: list[int], logits: LogitRows = "all") -> torch.Tensor | None:
