@@ -53,7 +53,7 @@ def build_engine(
     verify_policy: VerifyPolicy | None = None,
     **policy_options,
 ) -> SpeculativeEngine:
-    """An engine from names: drafter in {model, ngram, dvi, none} (with `drafter_options`, see
+    """An engine from names: drafter in registry.DRAFTERS (with `drafter_options`, see
     registry.make_drafter); policy a name in registry.POLICIES (with its options) or a ready
     DraftPolicy; `verify_policy` a ready VerifyPolicy (default: verify every drafted token).
     "sv" drafts a constant gamma_max and verifies SV's chosen prefix (options sv_profile,
@@ -63,9 +63,13 @@ def build_engine(
         if verify_policy is not None:
             raise ConfigError("policy 'sv' brings its own verify policy; pass no verify_policy")
         policy, verify_policy = make_sv(models, **policy_options)
-    elif isinstance(policy, str):
-        policy = make_draft_policy(policy, **policy_options)
     draft = make_drafter(drafter, models.draft, target, **(drafter_options or {}))
+    if isinstance(policy, str):
+        # A drafter with a natural draft length (a tree's depth) sets constant k's default.
+        default = getattr(draft, "default_budget", None)
+        if policy == "constant" and "k" not in policy_options and default:
+            policy_options = {**policy_options, "k": default}
+        policy = make_draft_policy(policy, **policy_options)
     # A drafter may verify through its own view of the target (DVI's shared shallow cache).
     verifier = getattr(draft, "verifier", None)
     return SpeculativeEngine(

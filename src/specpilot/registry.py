@@ -27,7 +27,7 @@ DRAFT_POLICIES: dict[str, Callable[..., Any]] = {
 POLICIES = (*DRAFT_POLICIES, "sv")
 """Names for --policy: the draft policies, and "sv" (constant drafting + SV verification)."""
 
-DRAFTERS = ("model", "ngram", "dvi", "none")
+DRAFTERS = ("model", "ngram", "dvi", "eagle", "none")
 DRAFTER_OPTIONS = {
     "model": {"draft_vocab", "draft_vocab_corpus", "branches"},
     "ngram": {"max_ngram", "min_ngram"},
@@ -40,6 +40,7 @@ DRAFTER_OPTIONS = {
         "learn",
         "branches",
     },
+    "eagle": {"head", "depth", "topk", "nodes"},
     "none": set(),
 }
 DVI_SPLIT = 2
@@ -128,7 +129,38 @@ def make_drafter(name: str, draft=None, target=None, **options: Any):
             config = DviTrainConfig.of_run(options.get("adapter"))
             learner = partial(DviLearner, config=config)
         return make_dvi_drafter(target, learner=learner, **options)
+    if name == "eagle":
+        return make_eagle_drafter(target, **options)
     return NgramDrafter(**_convert(NgramDrafter, options))
+
+
+def make_eagle_drafter(
+    target,
+    head: str | None = None,
+    depth: int | str = 6,
+    topk: int | str = 8,
+    nodes: int | str = 24,
+):
+    """The feature drafter on the loaded `target`: `head` a `train-eagle` output folder or head
+    folder (default: the head committed for this target); `topk` 1 drafts chains of `depth`,
+    else EAGLE-2 trees of `nodes` tokens grown `depth` levels deep from the best `topk`."""
+    from specpilot.drafting.eagle import EagleDrafter
+    from specpilot.drafting.eagle_head import EagleHead, EagleShape, resolve_head
+
+    if target is None or not hasattr(target.runner, "run_batch"):
+        raise ConfigError(
+            "the eagle drafter reads the target's hidden states: it needs a target served by the "
+            "lean decoder backend (Llama/Qwen2 family)"
+        )
+    folder = resolve_head(head, target.name)
+    expected = EagleShape.for_target(target.runner, target.tokenizer)
+    return EagleDrafter(
+        target.runner,
+        EagleHead.load(folder, expected=expected),
+        depth=_count(depth, "depth"),
+        topk=_count(topk, "topk"),
+        nodes=_count(nodes, "nodes"),
+    )
 
 
 def make_dvi_drafter(

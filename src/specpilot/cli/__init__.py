@@ -19,6 +19,7 @@ from specpilot.errors import SpecpilotError
 COMMANDS = (
     "generate",
     "train_dvi",
+    "train_eagle",
     "plot_dvi",
     "bench",
     "profile",

@@ -92,6 +92,23 @@ def add_method_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dvi-split", type=int, help="--drafter dvi: target layers that draft (default 2)"
     )
+    parser.add_argument(
+        "--eagle-head",
+        help="--drafter eagle: a `train-eagle --out` folder or head folder (default: the head "
+        "committed for the target)",
+    )
+    parser.add_argument(
+        "--tree-depth", type=int, help="--drafter eagle: draft levels per step (default 6)"
+    )
+    parser.add_argument(
+        "--tree-topk",
+        type=int,
+        help="--drafter eagle: frontier width, the nodes expanded per level (default 8; 1 drafts "
+        "chains)",
+    )
+    parser.add_argument(
+        "--tree-nodes", type=int, help="--drafter eagle: tokens verified per step (default 24)"
+    )
 
 
 def drafter_options(args: argparse.Namespace, learn: bool = False) -> dict[str, str]:
@@ -107,7 +124,18 @@ def drafter_options(args: argparse.Namespace, learn: bool = False) -> dict[str, 
         dvi["learn"] = True
     if dvi and args.drafter != "dvi":
         raise ConfigError("--dvi-adapter, --dvi-split and --learn belong to --drafter dvi")
-    return {**options, **dvi}
+    eagle = {
+        "head": args.eagle_head,
+        "depth": args.tree_depth,
+        "topk": args.tree_topk,
+        "nodes": args.tree_nodes,
+    }
+    eagle = {key: value for key, value in eagle.items() if value is not None}
+    if eagle and args.drafter != "eagle":
+        raise ConfigError(
+            "--eagle-head, --tree-depth, --tree-topk and --tree-nodes belong to --drafter eagle"
+        )
+    return {**options, **dvi, **eagle}
 
 
 def policy_options(args: argparse.Namespace) -> dict[str, str]:

@@ -128,10 +128,15 @@ class EagleDrafter:
             if budget <= 0:
                 proposals.append(Proposal([]))
                 continue
+            if self.slots[slot].features == 0:  # a one-token prompt: no target feature yet
+                proposals.append(Proposal([]))
+                continue
             root = self._catch_up(self.slots[slot], sequence, slot)
             depth = min(self.depth, budget)
             if self.topk == 1:
-                proposal = self._chain(self.slots[slot], sequence, root, depth, policy, sampling, generator)
+                proposal = self._chain(
+                    self.slots[slot], sequence, root, depth, policy, sampling, generator
+                )
             else:
                 proposal = self._tree(self.slots[slot], sequence, root, depth, policy)
             proposals.append(
@@ -173,9 +178,7 @@ class EagleDrafter:
         state.pending = state.pending[:0]
         return out[-1:]
 
-    def _step(
-        self, state: _Slot, hidden, tokens: list[int], depth_position: int, used: int, mask
-    ):
+    def _step(self, state: _Slot, hidden, tokens: list[int], depth_position: int, used: int, mask):
         """Feed draft entries (parent outputs `hidden`, their tokens) at rotary position
         `depth_position` into cache rows fed + used.. with additive `mask` over the cache."""
         n = len(tokens)
@@ -213,9 +216,7 @@ class EagleDrafter:
             if not policy.continue_drafting(DraftToken(index, token, logits)):
                 break
             if index + 1 < depth:
-                hidden = self._step(
-                    state, hidden, [token], len(sequence) - 1 + index, index, None
-                )
+                hidden = self._step(state, hidden, [token], len(sequence) - 1 + index, index, None)
         return Proposal(
             tokens,
             torch.stack(probs) if probs else None,

@@ -38,6 +38,8 @@ from specpilot.config import require
 from specpilot.drafting.dvi_head import replace_folder
 from specpilot.errors import ConfigError
 
+COMMITTED_HEADS = Path(__file__).resolve().parent.parent / "heads"
+"""Heads shipped with the package, one folder per offline target name."""
 CONFIG_FILE = "eagle_config.json"
 WEIGHTS_FILE = "model.safetensors"
 FORMAT_VERSION = 1
@@ -229,7 +231,9 @@ class EagleHead(nn.Module):
         Returns the output [n, h] and the new positions' keys/values [kv_heads, n, head_dim]."""
         s = self.shape
         n, eps = hidden.shape[0], s.rms_norm_eps
-        x = torch.cat([rms_norm(embeds, self.embed_norm, eps), rms_norm(hidden, self.hidden_norm, eps)], -1)
+        x = torch.cat(
+            [rms_norm(embeds, self.embed_norm, eps), rms_norm(hidden, self.hidden_norm, eps)], -1
+        )
         qkv = linear(x, self.qkv, self.qkv_bias)
         q_size, kv_size = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
         q = qkv[:, :q_size].view(n, s.num_heads, s.head_dim).transpose(0, 1)
@@ -255,7 +259,9 @@ class EagleHead(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[n, h] block output → [n, draft vocab] float32 logits."""
-        return linear(rms_norm(hidden, self.final_norm, self.shape.rms_norm_eps), self.lm_head).float()
+        return linear(
+            rms_norm(hidden, self.final_norm, self.shape.rms_norm_eps), self.lm_head
+        ).float()
 
     # -- persistence ---------------------------------------------------------------------------
     def save(self, folder: str | Path, dtype: torch.dtype = torch.bfloat16) -> None:
@@ -306,8 +312,30 @@ class EagleHead(nn.Module):
                 )
         head = cls(shape, tensors["draft_ids"])
         try:
-            head.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in tensors.items()})
+            head.load_state_dict(
+                {k: v.float() if v.is_floating_point() else v for k, v in tensors.items()}
+            )
         except RuntimeError as error:
-            raise ConfigError(f"eagle head {str(folder)!r} does not match its config: {error}") from None
+            raise ConfigError(
+                f"eagle head {str(folder)!r} does not match its config: {error}"
+            ) from None
         return head
 
+
+def resolve_head(path: str | Path | None, target_name: str) -> Path:
+    """A head folder: `path` itself, the `head/` of a train-eagle output folder, or (no path)
+    the head committed for `target_name`."""
+    if path is None:
+        folder = COMMITTED_HEADS / target_name
+        if not (folder / CONFIG_FILE).is_file():
+            raise ConfigError(
+                f"no eagle head is committed for {target_name!r}; train one with `specpilot "
+                f"train-eagle --target {target_name} --out DIR` and pass --eagle-head DIR"
+            )
+        return folder
+    folder = Path(path).expanduser()
+    if not (folder / CONFIG_FILE).is_file() and (folder / "head" / CONFIG_FILE).is_file():
+        return folder / "head"
+    if not folder.exists():
+        raise ConfigError(f"eagle head folder not found: {folder}")
+    return folder

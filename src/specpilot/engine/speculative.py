@@ -142,10 +142,13 @@ class SpeculativeEngine:
         start = time.perf_counter()
         self.target.reset()
         slots = list(range(len(prompt_ids)))
-        self.target.forward_batch([ids[:-1] for ids in prompt_ids], slots, logits="none")
         for plug in (self.drafter, self.draft_policy, self.verify_policy):
             if plug is not None:
                 plug.reset()
+        _, features = self._target_forward([ids[:-1] for ids in prompt_ids], slots, "none")
+        for slot, slot_features in zip(slots, features, strict=True):
+            if slot_features is not None:
+                self.drafter.take_features(slot, 0, slot_features)
         prefill_s = time.perf_counter() - start
         rows = [
             _Row(slot, ids, self._stopper(config), self._row_policy(slot), config.seed)
@@ -189,10 +192,11 @@ class SpeculativeEngine:
         ]
         trees = [p.parents for p in proposals]
         verify_start = time.perf_counter()
-        logits = self.target.forward_batch(
+        logits, features = self._target_forward(
             [[row.sequence[-1], *p.tokens] for row, p in zip(rows, proposals, strict=True)],
             [row.slot for row in rows],
-            **self._tree_options(trees),
+            "all",
+            trees,
         )  # per row [k + 1, vocab]
         results = [
             verify(p.tokens, p.draft_probs, row_logits, sampling, row.generator)
@@ -204,12 +208,16 @@ class SpeculativeEngine:
         ]
         verify_s = time.perf_counter() - verify_start
         observe = getattr(self.drafter, "observe", None)
-        for row, proposal, result, num_drafted, row_logits in zip(
-            rows, proposals, results, drafted, logits, strict=True
+        for row, proposal, result, num_drafted, row_logits, row_features in zip(
+            rows, proposals, results, drafted, logits, features, strict=True
         ):
             if observe is not None:  # an online learner learns from the chain
                 chain = proposal.truncated(proposal.chain_length)
                 observe(row.slot, chain, row_logits, result.chain_accepted)
+            if row_features is not None:  # the root and the accepted path stay committed
+                path = result.path or tuple(range(result.num_accepted))
+                kept = row_features[[0, *(1 + i for i in path)]]
+                self.drafter.take_features(row.slot, len(row.sequence) - 1, kept)
             if result.path is not None:
                 self.target.keep_path(row.slot, len(row.sequence) - 1, result.path)
             emitted = row.commit(result.emitted(proposal.tokens))
@@ -234,16 +242,27 @@ class SpeculativeEngine:
             if row.reason is None and len(row.sequence) >= self.target.max_length:
                 row.reason = "length"
 
-    def _tree_options(self, trees: list[tuple[int, ...] | None]) -> dict:
-        """forward_batch's keyword for a step with trees (none for chains: any runner)."""
-        if all(tree is None for tree in trees):
-            return {}
-        if not getattr(self.target, "supports_trees", False):
-            raise ConfigError(
-                "this drafter proposes trees, which the target's runner cannot verify: serve the "
-                "target with the lean decoder backend (Llama/Qwen2 family) or draft chains"
-            )
-        return {"trees": trees}
+    def _target_forward(self, rows, slots, logits: str, trees=None):
+        """One target forward over every row's new tokens: per row its logits and, for a
+        drafter that reads the target's hidden states (`feature_layers`), the taps at those
+        layers concatenated ([n, layers · hidden]; None otherwise)."""
+        options = {}
+        if trees is not None and any(tree is not None for tree in trees):
+            if not getattr(self.target, "supports_trees", False):
+                raise ConfigError(
+                    "this drafter proposes trees, which the target's runner cannot verify: "
+                    "serve the target with the lean decoder backend (Llama/Qwen2 family) or "
+                    "draft chains"
+                )
+            options["trees"] = trees
+        layers = getattr(self.drafter, "feature_layers", ())
+        if not layers:
+            return self.target.forward_batch(rows, slots, logits, **options), [None] * len(rows)
+        outs = self.target.run_batch(rows, slots, logits=logits, tap_layers=layers, **options)
+        return (
+            [out and out.logits for out in outs],
+            [out and torch.cat([out.taps[k] for k in layers], dim=-1) for out in outs],
+        )
 
     def _propose(self, rows: list[_Row], budgets: list[int], sampling) -> list[Proposal]:
         """Every row drafts in its own cache slot, however few rows are still running."""

@@ -366,11 +366,13 @@ class DecoderRunner:
         logits: LogitRows = "all",
         head: torch.Tensor | None = None,
         trees: list[tuple[int, ...] | None] | None = None,
+        tap_layers: tuple[int, ...] = (),
     ) -> list[RunnerOutput | None]:
         """Run layers [start_layer, end_layer) over every row's new positions in one pass.
 
         Layer 0 takes token-id rows; a later start layer takes hidden-state rows ([n, hidden],
-        e.g. what layer-split drafting already computed); trees as in `forward_batch`. Per row:
+        e.g. what layer-split drafting already computed); trees as in `forward_batch`;
+        `tap_layers`: also return the hidden states after these many layers. Per row:
         a RunnerOutput with that
         layer's hidden states and, when end_layer is the last layer, the logits asked for; None
         for an empty row."""
@@ -403,8 +405,11 @@ class DecoderRunner:
             x = F.embedding(ids.to(self.device), self.embed)
         else:
             x = torch.cat([rows[j] for j in live]).to(self.dtype)
+        taps = {}
         for i in range(start_layer, end_layer):
             x = self._layer(i, x, segments)
+            if i + 1 in tap_layers:
+                taps[i + 1] = x
         self._advance(segments, start_layer, end_layer)
         picks = [
             seg.rows if logits == "all" else slice(seg.rows.stop - 1, seg.rows.stop)
@@ -417,6 +422,7 @@ class DecoderRunner:
         for j, seg, p in zip(live, segments, picks, strict=True):
             n = p.stop - p.start
             row_logits = None if scored is None else scored[offset : offset + n]
-            out[j] = RunnerOutput(row_logits, x[seg.rows])
+            row_taps = {k: tap[seg.rows] for k, tap in taps.items()}
+            out[j] = RunnerOutput(row_logits, x[seg.rows], row_taps)
             offset += n
         return out

@@ -81,7 +81,9 @@ def training_prompts(options: DataOptions) -> list[tuple[str, str]]:
                 f"{', '.join(options.sources)})"
             )
         stem = Path(source).stem
-        per_source.append([(f"{stem}:{r.question_id}", r.turns[0]) for r in read_prompts_file(path)])
+        per_source.append(
+            [(f"{stem}:{r.question_id}", r.turns[0]) for r in read_prompts_file(path)]
+        )
     mixed = [p for group in _round_robin(per_source) for p in group]
     return mixed[: options.max_prompts]
 
@@ -109,11 +111,15 @@ def reference_samples(tokenizer, options: DataOptions, max_tokens: int) -> list[
     samples = []
     for sample_id, user, answer in (p for group in _round_robin(per_source) for p in group):
         prompt_ids = encode_prompt(tokenizer, user)
-        text = tokenizer.apply_chat_template(
-            [{"role": "user", "content": user}, {"role": "assistant", "content": answer}],
-            tokenize=False,
-        )
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"][:max_tokens]
+        if getattr(tokenizer, "chat_template", None):
+            text = tokenizer.apply_chat_template(
+                [{"role": "user", "content": user}, {"role": "assistant", "content": answer}],
+                tokenize=False,
+            )
+            ids = tokenizer(text, add_special_tokens=False)["input_ids"][:max_tokens]
+        else:  # a base model: the answer simply continues the prompt
+            ids = prompt_ids + tokenizer(" " + answer, add_special_tokens=False)["input_ids"]
+            ids = ids[:max_tokens]
         if len(prompt_ids) > options.max_prompt_tokens or ids[: len(prompt_ids)] != prompt_ids:
             continue
         if len(ids) > len(prompt_ids):

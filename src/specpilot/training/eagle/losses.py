@@ -64,6 +64,7 @@ def unrolled_losses(
     total = hidden.new_zeros(())
     step_losses, correct, valid = [], [], []
     positions = torch.arange(n)
+    out = hidden
     for step in range(1, steps + 1):
         if step > 1:  # own output of the previous step at position t − 1
             hidden = torch.cat([hidden.new_zeros(1, hidden.shape[1]), out[:-1]])
@@ -83,7 +84,7 @@ def unrolled_losses(
         logits = head.logits(out[rows])
         ce = -(target_logp[rows].exp() * F.log_softmax(logits, dim=-1)).sum(-1).mean()
         total = total + decay ** (step - 1) * ce
-        step_losses.append(float(ce))
+        step_losses.append(float(ce.detach()))
         hits = torch.zeros(n, dtype=torch.bool)
         hits[rows] = logits.argmax(-1) == target_best[rows]
         correct.append(hits)

@@ -187,7 +187,9 @@ def train_eagle(
             scored = 0
             sums.reset_window()
             if update % config.save_every == 0:
-                _save_checkpoint(out, head, optimizer, config, update, epoch, index, row["seconds"], sums)
+                _save_checkpoint(
+                    out, head, optimizer, config, update, epoch, index, row["seconds"], sums
+                )
         epoch += 1
         index = 0
     bar.close()
@@ -240,7 +242,7 @@ class _Sums:
         self.valid = [0] * self.steps
 
     def add(self, result, count: int) -> None:
-        self.loss += float(result.loss) * count
+        self.loss += float(result.loss.detach()) * count
         self.count += count
         self.tokens_seen += count
         for j in range(self.steps):
@@ -339,7 +341,9 @@ def plot_learning_curve(log: Path, png: Path) -> None:
     evals = [r for r in rows if r["val_acc1"]]
     if evals:
         x = [float(r["tokens"]) for r in evals]
-        right.plot(x, [float(r["val_acc1"]) for r in evals], marker="o", label="first-token agreement")
+        right.plot(
+            x, [float(r["val_acc1"]) for r in evals], marker="o", label="first-token agreement"
+        )
         twin = right.twinx()
         twin.plot(x, [float(r["val_tau"]) for r in evals], marker="s", color="C1", label="chain τ")
         twin.set_ylabel("accepted length τ (chain)")

@@ -1,0 +1,126 @@
+"""`specpilot train-eagle`: distil the target into a feature-drafter head (training.eagle).
+
+Re-running the same command on the same --out resumes: the target's answers already written are
+kept, and training continues from the last checkpoint. Training defaults are EagleTrainConfig's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import MISSING, fields
+from pathlib import Path
+
+from specpilot.api import DEFAULT_TARGET, load_models
+from specpilot.drafting.eagle_head import EagleShape
+from specpilot.engine import SpeculativeEngine
+from specpilot.models.chat import eos_token_ids
+from specpilot.training.eagle.data import (
+    DataOptions,
+    generate_responses,
+    read_samples,
+    reference_samples,
+)
+from specpilot.training.eagle.trainer import EagleTrainConfig, train_eagle, write_run_config
+
+DEFAULT_DATA_DIR = "../shared/data"
+"""Relative to the repository root, where the README runs commands."""
+
+
+def _int_tuple(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split(",") if part.strip())
+
+
+def register(commands) -> None:
+    defaults = {f.name: f.default for f in fields(EagleTrainConfig) if f.default is not MISSING}
+    parser = commands.add_parser(
+        "train-eagle", help="train a feature-drafter head (EAGLE-3) for a target"
+    )
+    parser.add_argument("--target", default=DEFAULT_TARGET, help="the model to draft for")
+    parser.add_argument("--out", required=True, help="folder for data, checkpoints, log, head")
+    parser.add_argument("--data-dir", default=DEFAULT_DATA_DIR, help="training prompt files")
+    parser.add_argument(
+        "--regenerate",
+        type=int,
+        default=512,
+        help="training prompts the target answers (greedy; its answers are the best data)",
+    )
+    parser.add_argument(
+        "--reference",
+        type=int,
+        default=2000,
+        help="training-set reference answers added (cheap: a prefill each, no decoding)",
+    )
+    parser.add_argument("--gen-batch-size", type=int, default=16, help="prompts decoded together")
+    parser.add_argument(
+        "--gen-max-new-tokens", type=int, default=384, help="longest answer generated"
+    )
+    parser.add_argument(
+        "--draft-vocab",
+        type=int,
+        help="draft vocabulary size (default: 32768 above 50k ids, else the whole vocabulary)",
+    )
+    parser.add_argument(
+        "--feature-layers",
+        type=_int_tuple,
+        help="tap layers, e.g. 2,14,25 (default: inputs of layers 2, L/2, L-3)",
+    )
+    for name in ("epochs", "batch_tokens", "unroll", "max_seq_tokens", "valid_samples"):
+        parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=defaults[name])
+    for name in ("lr", "step_decay"):
+        parser.add_argument(f"--{name.replace('_', '-')}", type=float, default=defaults[name])
+    parser.add_argument("--seed", type=int, default=defaults["seed"])
+    parser.add_argument("--dtype", default="auto", help="the target's dtype for features")
+    parser.add_argument("--max-length", type=int, default=2048)
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    config = EagleTrainConfig(
+        epochs=args.epochs,
+        lr=args.lr,
+        batch_tokens=args.batch_tokens,
+        unroll=args.unroll,
+        step_decay=args.step_decay,
+        max_seq_tokens=args.max_seq_tokens,
+        valid_samples=args.valid_samples,
+        seed=args.seed,
+    )
+    data = DataOptions(
+        data_dir=args.data_dir,
+        max_prompts=max(args.regenerate, args.reference, 1),
+        max_new_tokens=args.gen_max_new_tokens,
+        batch_size=args.gen_batch_size,
+    )
+    models = load_models(
+        args.target, None, args.dtype, max_length=args.max_length, batch_size=args.gen_batch_size
+    )
+    target = models.target
+    shape = EagleShape.for_target(
+        target.runner, target.tokenizer, args.feature_layers, args.draft_vocab
+    )
+    out = Path(args.out)
+    write_run_config(out, {"target": args.target, **vars(args) | {"run": None}})
+    regenerated = []
+    if args.regenerate > 0:
+        engine = SpeculativeEngine(
+            target.runner, target.tokenizer, eos_ids=eos_token_ids(target.tokenizer, target.path)
+        )
+        options = DataOptions(**{**vars(data), "max_prompts": args.regenerate})
+        print(f"data: the target answers {args.regenerate} training prompts", file=sys.stderr)
+        generate_responses(engine, options, out / "data", progress=not args.quiet)
+        regenerated = read_samples(out / "data")
+    reference = []
+    if args.reference > 0:
+        options = DataOptions(**{**vars(data), "max_prompts": args.reference})
+        reference = reference_samples(target.tokenizer, options, config.max_seq_tokens)
+    samples = reference + regenerated  # the held-out slice comes from the end: the target's own
+    print(
+        f"training on {len(samples)} sequences ({len(regenerated)} answered by the target), "
+        f"{sum(len(s.response_ids) for s in samples)} response tokens",
+        file=sys.stderr,
+    )
+    train_eagle(target, samples, out, config, shape, progress=not args.quiet)
+    print(out / "head")
+    return 0

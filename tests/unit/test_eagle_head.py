@@ -1,0 +1,79 @@
+"""Eagle head folders: round trip, and one clear error for every way a head can be wrong."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+from eagle_fixtures import tiny_head, tiny_target
+
+from specpilot.drafting.dynamic_tree import DynamicTree
+from specpilot.drafting.eagle_head import CONFIG_FILE, WEIGHTS_FILE, EagleHead, resolve_head
+from specpilot.errors import ConfigError
+from specpilot.models.decoder import DecoderRunner
+from specpilot.tree import tree_depths
+
+
+@pytest.fixture(scope="module")
+def runner():
+    return DecoderRunner(tiny_target(torch.float32))
+
+
+def test_round_trip_in_bf16(runner, tmp_path):
+    head = tiny_head(runner, draft_vocab=40)
+    head.save(tmp_path / "head")
+    loaded = EagleHead.load(tmp_path / "head", expected=head.shape)
+    assert loaded.shape == head.shape
+    assert torch.equal(loaded.draft_ids, head.draft_ids)
+    torch.testing.assert_close(loaded.qkv, head.qkv.bfloat16().float())
+    assert resolve_head(tmp_path, "x") == tmp_path / "head"  # a train-eagle --out folder
+
+
+@pytest.mark.parametrize(
+    "field,value,named",
+    [
+        ("hidden_size", 128, "hidden_size"),
+        ("vocab_size", 151936, "vocab_size"),
+        ("num_layers", 28, "num_layers"),
+        ("tokenizer_fingerprint", "0123", "tokenizer"),
+    ],
+)
+def test_head_for_another_target_is_refused(runner, tmp_path, field, value, named):
+    head = tiny_head(runner)
+    head.save(tmp_path / "head")
+    other = dataclasses.replace(head.shape, **{field: value})
+    with pytest.raises(ConfigError, match=f"another target.*{named}"):
+        EagleHead.load(tmp_path / "head", expected=other)
+
+
+def test_missing_and_corrupt_heads(runner, tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        resolve_head(tmp_path / "nope", "x")
+    with pytest.raises(ConfigError, match="no eagle head is committed.*train-eagle"):
+        resolve_head(None, "no-such-target")
+    with pytest.raises(ConfigError, match="not an eagle head folder"):
+        EagleHead.load(tmp_path)
+    head = tiny_head(runner)
+    head.save(tmp_path / "head")
+    (tmp_path / "head" / WEIGHTS_FILE).write_bytes(b"garbage")
+    with pytest.raises(ConfigError, match="corrupt"):
+        EagleHead.load(tmp_path / "head")
+    head.save(tmp_path / "head")
+    meta = json.loads((tmp_path / "head" / CONFIG_FILE).read_text())
+    (tmp_path / "head" / CONFIG_FILE).write_text(json.dumps({**meta, "format_version": 99}))
+    with pytest.raises(ConfigError, match="format"):
+        EagleHead.load(tmp_path / "head")
+
+
+def test_dynamic_tree_keeps_the_best_nodes_with_their_ancestors():
+    tree = DynamicTree(topk=2, nodes=5)
+    tree.expand(torch.log(torch.tensor([[0.6, 0.3, 0.1]])))
+    assert [tree.tokens[i] for i in tree.frontier] == [0, 1]
+    # children of token 0 (p 0.6): 0.9, 0.1; of token 1 (p 0.3): 0.5, 0.5
+    tree.expand(torch.log(torch.tensor([[0.9, 0.1, 0.0], [0.5, 0.5, 0.0]])))
+    tokens, parents = tree.select()
+    tree_depths(parents)  # parents precede children
+    # best path first: 0 (0.6) → 0 (0.54); then 1 (0.3), 1→0 (0.15), 1→1 (0.15)
+    assert tokens == [0, 0, 1, 0, 1] and parents == (-1, 0, -1, 2, 2)

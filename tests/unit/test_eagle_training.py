@@ -1,0 +1,104 @@
+"""train-eagle's pieces: data selection and resume, the training-time-test mask and loss, the
+teacher-forced accepted length, and a resumable training run on a tiny target."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+from eagle_fixtures import WORDS, tiny_target
+from tiny import tiny_tokenizer
+
+from specpilot.drafting.eagle_head import EagleShape
+from specpilot.errors import ConfigError
+from specpilot.models.decoder import DecoderRunner
+from specpilot.training.eagle.data import (
+    RESPONSES_FILE,
+    DataOptions,
+    Sample,
+    read_samples,
+    reference_samples,
+    training_prompts,
+)
+from specpilot.training.eagle.losses import chain_accepted_length, training_time_test_mask
+from specpilot.training.eagle.trainer import LOG_FILE, EagleTrainConfig, train_eagle
+
+
+def test_benchmark_sets_are_refused():
+    with pytest.raises(ConfigError, match="benchmark set"):
+        DataOptions(sources=("gsm8k_train.jsonl", "gsm8k_test.jsonl"))
+
+
+def test_torn_last_line_is_skipped(tmp_path):
+    good = json.dumps({"id": "a", "prompt_ids": [1], "response_ids": [2, 3]})
+    (tmp_path / RESPONSES_FILE).write_text(good + "\n" + '{"id": "b", "prom')
+    assert [s.id for s in read_samples(tmp_path)] == ["a"]
+
+
+def test_reference_samples_split_prompt_and_answer(tmp_path):
+    rows = [{"question": "w5 w6", "answer": "w7 <<1+1=2>>w8 w9"}]
+    (tmp_path / "gsm8k_train.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    tokenizer = tiny_tokenizer(WORDS)
+    tokenizer.chat_template = (
+        "{% for m in messages %}{% if m['role'] == 'assistant' %}w4 {% endif %}"
+        "{{ m['content'] }} {% endfor %}"
+        "{% if add_generation_prompt %}w4 {% endif %}"
+    )
+    options = DataOptions(data_dir=str(tmp_path), sources=("gsm8k_train.jsonl",))
+    with pytest.raises(ConfigError, match="training prompts not found"):
+        training_prompts(DataOptions(data_dir=str(tmp_path / "none")))
+    (sample,) = reference_samples(tokenizer, options, max_tokens=64)
+    assert tokenizer.decode(sample.prompt_ids) == "w5 w6 w4"
+    assert tokenizer.decode(sample.response_ids) == "w7 w8 w9"
+
+
+def test_training_time_test_mask():
+    allowed = training_time_test_mask(4, 2, torch.float32) == 0
+    # step 2, position t: step-1 keys s <= t - 1, and its own step-2 key s == t
+    assert allowed[:, :4].tolist() == [[s <= t - 1 for s in range(4)] for t in range(4)]
+    assert allowed[:, 4:].tolist() == [[s == t for s in range(4)] for t in range(4)]
+
+
+def test_chain_accepted_length_counts_consecutive_hits():
+    valid = [torch.ones(4, dtype=torch.bool)] * 2
+    step1 = torch.tensor([True, False, True, True])
+    step2 = torch.tensor([False, True, True, False])  # read at t + 1
+    # t=0: step1 hit, step2 at 1 hit → 3; t=1: miss → 1; t=2: hit, step2 at 3 miss → 2;
+    # t=3: hit, step2 past the end → 2
+    assert chain_accepted_length([step1, step2], valid) == pytest.approx((3 + 1 + 2 + 2) / 4)
+
+
+class Loaded:
+    def __init__(self, model):
+        self.runner = DecoderRunner(model, max_length=128)
+        self.tokenizer = tiny_tokenizer(WORDS)
+        self.name = "tiny"
+
+
+def test_training_lowers_the_loss_and_resumes(tmp_path):
+    target = Loaded(tiny_target(torch.float32))
+    generator = torch.Generator().manual_seed(0)
+    samples = [
+        Sample(f"s{i}", [1, 5, 6], torch.randint(4, 96, (20,), generator=generator).tolist())
+        for i in range(12)
+    ]
+    shape = EagleShape.for_target(target.runner, target.tokenizer)
+    config = EagleTrainConfig(
+        epochs=2, lr=3e-3, warmup=1, batch_tokens=32, valid_samples=2, eval_every=4, save_every=3
+    )
+    head = train_eagle(target, samples, tmp_path, config, shape, progress=False)
+    rows = (tmp_path / LOG_FILE).read_text().splitlines()
+    losses = [float(r.split(",")[3]) for r in rows[1:] if r.split(",")[3]]
+    assert losses[-1] < losses[0]
+    assert (tmp_path / "head" / "eagle_config.json").is_file()
+    assert (tmp_path / "learning_curve.png").is_file()
+    # Re-running the finished command resumes at the end and changes nothing.
+    again = train_eagle(target, samples, tmp_path, config, shape, progress=False)
+    for a, b in zip(head.parameters(), again.parameters(), strict=True):
+        torch.testing.assert_close(a, b)
+    with pytest.raises(ConfigError, match="other settings"):
+        train_eagle(
+            target, samples, tmp_path, dataclasses.replace(config, lr=1e-3), shape, progress=False
+        )
