@@ -60,3 +60,21 @@ def test_profile_rejects_bad_lists(tmp_path, capsys):
     code = main(["profile", "--out", str(tmp_path / "x.json"), "--contexts", "a,b"])
     assert code == 2
     assert "comma-separated integers" in capsys.readouterr().err
+
+
+def test_profile_times_the_eagle_drafter(tmp_path, capsys):
+    from eagle_fixtures import tiny_head
+
+    from specpilot.models import load_model
+
+    target = save_tiny(tmp_path / "target", seed=0)
+    runner = load_model(str(target), dtype="float32", progress=False).runner
+    tiny_head(runner).save(tmp_path / "head")
+    out = tmp_path / "profile.json"
+    argv = ["profile", "--target", str(target), "--no-draft", "--dtype", "float32"]
+    argv += ["--out", str(out), "--contexts", "8", "--max-verify", "2", "--repeats", "1"]
+    argv += ["--max-new-tokens", "4", "--quiet", "--eagle-head", str(tmp_path / "head")]
+    assert main(argv) == 0
+    profile = json.loads(out.read_text())
+    assert set(profile["eagle_step_ms"]) == {"1", "8"} and profile["eagle_cost_ratio"] > 0
+    assert "eagle draft step" in capsys.readouterr().out

@@ -12,6 +12,7 @@ from __future__ import annotations
 import statistics
 import time
 
+import torch
 from tqdm import tqdm
 
 from specpilot.api import ModelPair, build_engine
@@ -63,6 +64,30 @@ def latency_curve(runner, context: int, max_new: int, repeats: int, progress=Non
     return curve
 
 
+def eagle_step_ms(models: ModelPair, head: str | None, context: int, repeats: int) -> dict:
+    """Milliseconds of one feature-drafter step (its block over the new entries, then its LM
+    head) after `context` committed pairs: for 1 entry (a chain step) and for 8 (a tree
+    level of the default frontier)."""
+    from specpilot.registry import make_eagle_drafter
+
+    drafter = make_eagle_drafter(models.target, head)
+    runner, state = models.target.runner, drafter.slots[0]
+    state.fed = context
+    hidden = torch.zeros(8, drafter.head.shape.hidden_size, dtype=runner.dtype)
+    timings = {}
+    for rows in (1, 8):
+
+        def step(rows=rows):
+            out = drafter._step(state, hidden[:rows], [3] * rows, context, 0, None)
+            drafter.head.logits(out)
+
+        with torch.inference_mode():
+            step()
+            timings[rows] = _median_ms(step, repeats)
+    drafter.reset()
+    return timings
+
+
 def profile_pair(
     models: ModelPair,
     contexts: tuple[int, ...] = (128, 512, 1024),
@@ -72,7 +97,10 @@ def profile_pair(
     max_new_tokens: int = 48,
     prompts: tuple[str, ...] = PROFILE_PROMPTS,
     progress: bool = True,
+    eagle_head: str | None = None,
 ) -> dict:
+    """`eagle_head`: also time the feature drafter with this head (a folder, or "default" for
+    the head committed for the target)."""
     require(all(c >= 1 for c in contexts), "context lengths must be >= 1")
     require(max_verify >= 1 and repeats >= 1, "max_verify and repeats must be >= 1")
     require(all(g >= 1 for g in gammas), "gammas must be >= 1")
@@ -85,6 +113,10 @@ def profile_pair(
     draft_step_ms = None
     if models.draft is not None:
         draft_step_ms = latency_curve(models.draft.runner, context, 1, repeats)[0]
+    eagle_ms = None
+    if eagle_head is not None:
+        head = None if eagle_head == "default" else eagle_head
+        eagle_ms = eagle_step_ms(models, head, context, repeats)
     config = GenerationConfig(max_new_tokens=max_new_tokens)
 
     def run(engine) -> GenerationStats:
@@ -111,6 +143,8 @@ def profile_pair(
         "target_step_ms": target_step_ms,
         "draft_step_ms": draft_step_ms,
         "cost_ratio": cost_ratio,
+        "eagle_step_ms": eagle_ms,
+        "eagle_cost_ratio": None if eagle_ms is None else eagle_ms[1] / target_step_ms,
         "acceptance_rate": alpha,
         "acceptance_by_position": all_stats.acceptance_by_position if all_stats else None,
         "ar_tokens_per_s": ar.tokens_per_s,
@@ -137,6 +171,12 @@ def profile_table(profile: dict) -> str:
             else ""
         ),
     ]
+    if profile.get("eagle_step_ms"):
+        ms = profile["eagle_step_ms"]
+        lines.append(
+            f"eagle draft step {ms[1]:.1f} ms (c = {profile['eagle_cost_ratio']:.3f}), "
+            f"a tree level of 8 {ms[8]:.1f} ms"
+        )
     for context, curve in profile["verify_ms"].items():
         marks = [n for n in (1, 2, 4, 8, 16, 32, 64) if n <= len(curve)]
         shown = ", ".join(f"n={n}: {curve[n - 1] / curve[0]:.2f}x" for n in marks)

@@ -18,6 +18,11 @@ def register(commands) -> None:
     parser.add_argument("--gammas", default="1,2,3,4,5", help="draft lengths to run")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--no-draft", action="store_true", help="only the target latency curve")
+    parser.add_argument(
+        "--eagle-head",
+        help="also time the eagle drafter with this head (a folder, or 'default' for the head "
+        "committed for the target)",
+    )
     parser.add_argument("--quiet", action="store_true")
     parser.set_defaults(run=run)
 
@@ -37,6 +42,7 @@ def run(args: argparse.Namespace) -> int:
         args.repeats,
         args.max_new_tokens,
         progress=not args.quiet,
+        eagle_head=args.eagle_head,
     )
     write_json(args.out, profile)
     print(profile_table(profile))
