@@ -139,3 +139,17 @@ def test_chi_square_rejects_a_tree_verifier_that_accepts_everything(small_target
     sampling = SAMPLINGS[0]
     expected = exact_joint_distribution(small_target, sampling)
     assert chi_square_pvalue(engine, expected, sampling) < 1e-6
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("name", ["chain", "tree"])
+def test_greedy_identity_on_cuda(plain_outputs, name):
+    """The drafter and the tree path on a GPU (float32 there: its own plain run is the
+    reference, since CPU and GPU kernels round differently)."""
+    model = tiny_target(torch.float32).cuda()
+    plain = SpeculativeEngine(DecoderRunner(model), TinyTokenizer(), eos_ids=set())
+    engine = eagle_engine(model, **CONFIGS[name])
+    for prompt in PROMPTS:
+        expected = plain.generate(prompt, GenerationConfig(max_new_tokens=30)).token_ids
+        assert engine.generate(prompt, GenerationConfig(max_new_tokens=30)).token_ids == expected

@@ -44,7 +44,7 @@ class DynamicTree:
         parents = self.frontier if self.tokens else [-1]
         require(logprobs.shape[0] == len(parents), "one row of log-probabilities per parent")
         k = min(self.topk, logprobs.shape[-1])
-        top = logprobs.float().topk(k, dim=-1)
+        top = logprobs.float().cpu().topk(k, dim=-1)
         base = torch.tensor([self.scores[p] if p >= 0 else 0.0 for p in parents])
         cumulative = (base[:, None] + top.values).flatten()
         first = len(self.tokens)

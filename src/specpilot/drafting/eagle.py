@@ -225,7 +225,7 @@ class EagleDrafter:
         )
 
     def _full_probs(self, probs: torch.Tensor) -> torch.Tensor:
-        full = torch.zeros(self.target.vocab_size, dtype=probs.dtype)
+        full = torch.zeros(self.target.vocab_size, dtype=probs.dtype, device=probs.device)
         return full.index_copy_(0, self.head.draft_ids, probs)
 
     def _tree(self, state: _Slot, sequence: list[int], root, depth: int, policy) -> Proposal:
