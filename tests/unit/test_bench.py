@@ -188,3 +188,19 @@ def test_prompt_sample_follows_the_seed(tmp_path):
     assert ids(None) == [0, 1, 2, 3, 4, 5]  # the first three of each category, file order
     assert ids(7) == ids(7) and ids(7) != ids(8)
     assert len(ids(7)) == 6 and ids(7) == sorted(ids(7))
+
+
+def test_eagle_methods_in_bench(capsys, folders, tmp_path):
+    """`sd:drafter=eagle,head=DIR` (tree, chain) runs in bench with no greedy mismatch."""
+    from eagle_fixtures import tiny_head
+
+    from specpilot.models import load_model
+
+    runner = load_model(str(folders[0]), dtype="float32", progress=False).runner
+    tiny_head(runner).save(tmp_path / "head")
+    tree = f"sd:drafter=eagle,head={tmp_path / 'head'},depth=3,topk=4,nodes=10"
+    chain = f"sd:drafter=eagle,head={tmp_path / 'head'},topk=1"
+    code, out, err = bench(capsys, folders, "--method", tree, "--method", chain)
+    assert code == 0, err
+    rows = {r["method"]: r for r in json.loads(out.strip().splitlines()[-1])["results"]}
+    assert rows[tree]["greedy_mismatches"] == rows[chain]["greedy_mismatches"] == 0
