@@ -29,7 +29,7 @@ POLICIES = (*DRAFT_POLICIES, "sv")
 
 DRAFTERS = ("model", "ngram", "dvi", "eagle", "none")
 DRAFTER_OPTIONS = {
-    "model": {"draft_vocab", "draft_vocab_corpus", "branches"},
+    "model": {"draft_vocab", "draft_vocab_corpus", "branches", "topk", "nodes"},
     "ngram": {"max_ngram", "min_ngram"},
     "dvi": {
         "adapter",
@@ -119,7 +119,13 @@ def make_drafter(name: str, draft=None, target=None, **options: Any):
         vocabulary = _vocabulary(
             draft, options.get("draft_vocab"), options.get("draft_vocab_corpus")
         )
-        return ModelDrafter(draft.runner, vocabulary, _count(options.get("branches", 1)))
+        return ModelDrafter(
+            draft.runner,
+            vocabulary,
+            _count(options.get("branches", 1)),
+            _count(options.get("topk", 1), "topk"),
+            _count(options.get("nodes", 24), "nodes"),
+        )
     if name == "dvi":
         learner = None
         if _flag(options.pop("learn", False)):

@@ -190,11 +190,13 @@ def small_target():
 
 
 @pytest.mark.parametrize("sampling", SAMPLINGS, ids=["t1", "t0.8-topk-topp"])
-@pytest.mark.parametrize("kind", ["model", "dvi"])
+@pytest.mark.parametrize("kind", ["model", "model-dynamic", "dvi"])
 def test_tree_sampled_output_follows_target(small_target, kind, sampling):
     runner = DecoderRunner(small_target)
     if kind == "model":
         drafter = ModelDrafter(DecoderRunner(perturbed(small_target, 1.0)), None, 3)
+    elif kind == "model-dynamic":
+        drafter = ModelDrafter(DecoderRunner(perturbed(small_target, 1.0)), topk=3, nodes=6)
     else:
         drafter = LayerSplitDrafter(
             runner, trained_head(runner, 3, std=0.1), share_cache=False, branches=3
@@ -218,3 +220,32 @@ def test_tree_options_are_checked():
     assert make_drafter("dvi", target=Loaded()).share_cache
     with pytest.raises(ConfigError, match="unknown option"):
         make_drafter("ngram", branches=2)
+
+
+@pytest.mark.parametrize("topk,nodes", [(2, 5), (4, 16)])
+def test_dynamic_model_trees_keep_greedy_output(topk, nodes):
+    """EAGLE-2 trees grown by a draft model (several levels, each fed with an ancestor mask
+    over the draft's cache): output equals plain decoding, more is accepted per step than by a
+    chain of the same depth, and a batch's rows equal their single runs."""
+    model = tiny_model("qwen2", dtype=torch.float64)
+    draft = perturbed(model, 0.3)
+    prompts = [[1, 5, 9, 14], [1, 40, 41], [1, 7, 7, 7, 7, 7, 8]]
+    config = GenerationConfig(max_new_tokens=30)
+    plain = SpeculativeEngine(DecoderRunner(model), TinyTokenizer(), eos_ids=set())
+    expected = [plain.generate(p, config).token_ids for p in prompts]
+
+    def engine(batch_size=1, **options):
+        drafter = ModelDrafter(DecoderRunner(draft, batch_size=batch_size), **options)
+        runner = DecoderRunner(model, batch_size=batch_size)
+        return SpeculativeEngine(runner, TinyTokenizer(), drafter, ConstantPolicy(4), eos_ids=set())
+
+    tree, chain = engine(topk=topk, nodes=nodes), engine()
+    tree_mat = chain_mat = 0.0
+    for prompt, want in zip(prompts, expected, strict=True):
+        result = tree.generate(prompt, config)
+        assert result.token_ids == want
+        tree_mat += result.stats.mean_accepted_tokens
+        chain_mat += chain.generate(prompt, config).stats.mean_accepted_tokens
+    assert tree_mat > chain_mat
+    batch = engine(batch_size=3, topk=topk, nodes=nodes).generate_batch(prompts, config)
+    assert [r.token_ids for r in batch] == expected

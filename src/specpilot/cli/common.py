@@ -103,11 +103,11 @@ def add_method_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--tree-topk",
         type=int,
-        help="--drafter eagle: frontier width, the nodes expanded per level (default 8; 1 drafts "
-        "chains)",
+        help="--drafter eagle/model: frontier width, the nodes expanded per level (eagle default "
+        "8; 1 drafts chains)",
     )
     parser.add_argument(
-        "--tree-nodes", type=int, help="--drafter eagle: tokens verified per step (default 24)"
+        "--tree-nodes", type=int, help="--drafter eagle/model: tokens verified (default 24)"
     )
 
 
@@ -131,9 +131,11 @@ def drafter_options(args: argparse.Namespace, learn: bool = False) -> dict[str, 
         "nodes": args.tree_nodes,
     }
     eagle = {key: value for key, value in eagle.items() if value is not None}
-    if eagle and args.drafter != "eagle":
+    tree_only = {key for key in eagle if key in ("topk", "nodes")}
+    if eagle and args.drafter != "eagle" and not (args.drafter == "model" and eagle == tree_only):
         raise ConfigError(
-            "--eagle-head, --tree-depth, --tree-topk and --tree-nodes belong to --drafter eagle"
+            "--eagle-head and --tree-depth belong to --drafter eagle; --tree-topk and "
+            "--tree-nodes to --drafter eagle or model (whose tree depth is --k)"
         )
     return {**options, **dvi, **eagle}
 

@@ -8,17 +8,24 @@ estimate of the chance that the target accepts the whole path. Each expansion st
 parent's (log-probabilities are <= 0; ties are broken towards shallower nodes), so the best
 `nodes` always include each chosen node's ancestors.
 
-Pure bookkeeping over token indices and scores: no model, no cache. The drafter feeds the
-frontier and hands back each frontier node's log-probabilities.
+`DynamicTree` is pure bookkeeping over token indices and scores; `grow` runs the expansion
+loop for any drafter through a `feed` callback that scores the frontier (each drafter keeps its
+own cache), and `ancestor_mask` says what each fed node may attend to.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
 from specpilot.config import require
+from specpilot.policies.base import DraftPolicy, DraftToken
+
+Feed = Callable[[int, list[int], list[int]], torch.Tensor]
+"""feed(level, frontier, fed) → [len(frontier), vocab] logits: write the frontier nodes (depth
+`level`) into the drafter's cache after the already `fed` nodes and score what follows each."""
 
 
 @dataclass
@@ -81,3 +88,49 @@ class DynamicTree:
         tokens = [self.tokens[i] for i in order]
         parents = tuple(-1 if self.parents[i] < 0 else position[self.parents[i]] for i in order)
         return tokens, parents
+
+
+def grow(
+    tree: DynamicTree,
+    root_logits: torch.Tensor,
+    depth: int,
+    policy: DraftPolicy,
+    feed: Feed,
+    token_id: Callable[[int], int],
+) -> None:
+    """Expand `tree` from the root's draft logits for at most `depth` levels. After each level
+    the policy judges the best frontier node's own distribution (SVIP on trees: stop growing
+    when the node most likely to be accepted is uncertain); `token_id` maps a draft index to a
+    target id for the policy."""
+    if not policy.admits(root_logits):
+        return
+    tree.expand(torch.log_softmax(root_logits[None].float(), dim=-1))
+    fed: list[int] = []
+    for level in range(1, depth):
+        frontier, best = list(tree.frontier), tree.best()
+        logits = feed(level, frontier, fed)
+        fed.extend(frontier)
+        best_logits = logits[frontier.index(best)]
+        drafted = DraftToken(level - 1, token_id(tree.tokens[best]), best_logits)
+        if not (policy.continue_drafting(drafted) and policy.admits(best_logits)):
+            return
+        tree.expand(torch.log_softmax(logits.float(), dim=-1))
+
+
+def ancestor_mask(
+    tree: DynamicTree, fed: list[int], frontier: list[int], committed: int
+) -> torch.Tensor:
+    """[len(frontier), committed + len(fed) + len(frontier)] bool over a cache holding the
+    committed positions, then the fed nodes in order, then the frontier: each frontier node sees
+    every committed position, its fed ancestors and itself."""
+    where = {node: i for i, node in enumerate(fed)}
+    n, m = len(frontier), len(fed)
+    allowed = torch.zeros(n, committed + m + n, dtype=torch.bool)
+    allowed[:, :committed] = True
+    for row, node in enumerate(frontier):
+        allowed[row, committed + m + row] = True
+        parent = tree.parents[node]
+        while parent >= 0:
+            allowed[row, committed + where[parent]] = True
+            parent = tree.parents[parent]
+    return allowed

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from specpilot.config import SamplingConfig, require
-from specpilot.drafting.dynamic_tree import DynamicTree
+from specpilot.drafting.dynamic_tree import DynamicTree, ancestor_mask, grow
 from specpilot.drafting.eagle_head import EagleHead
 from specpilot.errors import ConfigError
 from specpilot.policies.base import DraftPolicy, DraftToken
@@ -230,51 +230,20 @@ class EagleDrafter:
 
     def _tree(self, state: _Slot, sequence: list[int], root, depth: int, policy) -> Proposal:
         tree = DynamicTree(self.topk, self.nodes)
-        logits = self.head.logits(root)
-        if not policy.admits(logits[0]):
-            return Proposal([])
-        tree.expand(torch.log_softmax(logits, dim=-1))
         outputs = {-1: root[0]}
-        fed: list[int] = []  # tree nodes in cache order (rows fed.., after the committed pairs)
-        for level in range(1, depth):
-            best = tree.best()
-            frontier = list(tree.frontier)
+
+        def feed(level: int, frontier: list[int], fed: list[int]) -> torch.Tensor:
             hidden = torch.stack([outputs[tree.parents[i]] for i in frontier])
-            mask = self._tree_mask(tree, fed, frontier, state.fed)
-            out = self._step(
-                state,
-                hidden,
-                [self.draft_ids[tree.tokens[i]] for i in frontier],
-                len(sequence) - 1 + level,
-                len(fed),
-                mask,
-            )
-            fed.extend(frontier)
-            for i, node in enumerate(frontier):
-                outputs[node] = out[i]
-            logits = self.head.logits(out)
-            best_logits = logits[frontier.index(best)]
-            token = self.draft_ids[tree.tokens[best]]
-            if not policy.continue_drafting(DraftToken(level - 1, token, best_logits)):
-                break
-            if not policy.admits(best_logits):
-                break
-            tree.expand(torch.log_softmax(logits, dim=-1))
+            allowed = ancestor_mask(tree, fed, frontier, state.fed)
+            mask = torch.zeros(allowed.shape, dtype=self.target.dtype)
+            mask = mask.masked_fill_(~allowed, float("-inf")).to(self.target.device)
+            tokens = [self.draft_ids[tree.tokens[i]] for i in frontier]
+            out = self._step(state, hidden, tokens, len(sequence) - 1 + level, len(fed), mask)
+            outputs.update(zip(frontier, out, strict=True))
+            return self.head.logits(out)
+
+        grow(tree, self.head.logits(root)[0], depth, policy, feed, self.draft_ids.__getitem__)
+        if not tree.tokens:
+            return Proposal([])
         tokens, parents = tree.select()
         return Proposal([self.draft_ids[t] for t in tokens], None, 0.0, None, parents)
-
-    def _tree_mask(self, tree: DynamicTree, fed: list[int], frontier: list[int], committed: int):
-        """Additive [frontier, committed + fed + frontier] mask: every committed pair, each
-        node's fed ancestors, itself."""
-        where = {node: i for i, node in enumerate(fed)}
-        n, m = len(frontier), len(fed)
-        allowed = torch.zeros(n, committed + m + n, dtype=torch.bool)
-        allowed[:, :committed] = True
-        for row, node in enumerate(frontier):
-            allowed[row, committed + m + row] = True
-            parent = tree.parents[node]
-            while parent >= 0:
-                allowed[row, committed + where[parent]] = True
-                parent = tree.parents[parent]
-        mask = torch.zeros(allowed.shape, dtype=self.target.dtype)
-        return mask.masked_fill_(~allowed, float("-inf")).to(self.target.device)

@@ -255,7 +255,8 @@ class DecoderRunner:
 
         Layer 0 takes token ids; a later start layer takes `hidden` ([n, hidden_size], e.g. a tap
         from an earlier call). `tree_mask` ([n, n] bool, True = may attend) replaces the causal
-        mask among the new tokens; `position_ids` ([n]) replaces consecutive rotary positions.
+        mask among the new tokens, or ([n, cached + n]) the mask over the whole cache;
+        `position_ids` ([n]) replaces consecutive rotary positions.
         Logits are computed only when end_layer is the last layer, for the rows asked for.
         """
         end_layer = self.num_layers if end_layer is None else end_layer
@@ -314,13 +315,17 @@ class DecoderRunner:
                 lengths[i] = seg.start + seg.rows.stop - seg.rows.start
 
     def _mask(self, start: int, n: int, tree_mask: torch.Tensor | None) -> torch.Tensor | None:
-        """Additive [n, start + n] mask (0 = attend, -inf = not), None for a lone causal token."""
+        """Additive [n, start + n] mask (0 = attend, -inf = not), None for a lone causal token.
+        `tree_mask` is [n, n] among the new tokens (every cached position visible), or
+        [n, start + n] over the whole cache (a multi-level draft tree hides other branches)."""
         if n == 1 and tree_mask is None:
             return None
         local = tree_mask if tree_mask is not None else torch.ones(n, n, dtype=torch.bool).tril()
-        allowed = torch.cat(
-            [torch.ones(n, start, dtype=torch.bool), local.to(torch.bool).cpu()], dim=1
-        )
+        local = local.to(torch.bool).cpu()
+        if local.shape[1] == start + n:
+            allowed = local
+        else:
+            allowed = torch.cat([torch.ones(n, start, dtype=torch.bool), local], dim=1)
         mask = torch.zeros(allowed.shape, dtype=self.dtype)
         return mask.masked_fill_(~allowed, float("-inf")).to(self.device)
 
