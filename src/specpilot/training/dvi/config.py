@@ -1,4 +1,4 @@
-"""DVI training hyperparameters (METHODS.md §2.4 [REC] defaults) and the ablation objectives."""
+"""DVI training hyperparameters and the ablation objectives (docs/methods.md §3.3-3.5)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ traffic (`--learn`) can go on with the settings the head was trained with."""
 
 OBJECTIVES = ("full", "kl", "pg", "ce")
 """full: the KL→RL schedule; kl: distillation only; pg: on-policy REINFORCE only; ce: the
-reward-masked cross-entropy (L_pg) only (the paper's ablations, METHODS.md §2.4)."""
+reward-masked cross-entropy (L_pg) only (the DVI paper's ablations, §4.3)."""
 
 
 @dataclass(frozen=True)
