@@ -1,4 +1,4 @@
-"""Per-request statistics aggregated from per-step records (vocabulary: DESIGN.md §4)."""
+"""Per-request statistics aggregated from per-step records (vocabulary: README, "Vocabulary")."""
 
 from __future__ import annotations
 
