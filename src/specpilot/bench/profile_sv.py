@@ -1,4 +1,5 @@
-"""`specpilot profile-sv`: the offline acceptance profile SV plans with (METHODS.md §3.2).
+"""`specpilot profile-sv`: the offline acceptance profile SV plans with (SV paper §4.2, §7.3;
+docs/methods.md §4.1).
 
 Runs plain speculative decoding (constant γ_max, every drafted token verified) on profiling
 prompts that are not evaluation prompts, and records for every drafted token the companion

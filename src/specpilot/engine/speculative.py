@@ -130,8 +130,11 @@ class SpeculativeEngine:
         forward per step serve the whole batch (the weights are read once for all rows).
 
         Each row accepts its own number of tokens, finishes on its own, and uses its own random
-        generator seeded with `config.seed` and its own copy of the draft policy, so a row's
-        output does not depend on its batchmates. `on_tokens(row, tokens)` streams."""
+        generator seeded with `config.seed` and its own copy of the draft policy. So greedy rows
+        equal plain greedy decoding (exactly in float32; bf16 packs change rounding), and sampled
+        rows give the tokens they give alone, unless a rule couples rows: SV's batch allocation
+        or a DVI head learning on the batch; then only the target's distribution is preserved
+        (docs/methods.md §1.3). `on_tokens(row, tokens)` streams."""
         config = config or GenerationConfig()
         prompt_ids = [self._encode(prompt) for prompt in prompts]
         if not 1 <= len(prompt_ids) <= self.target.batch_size:
