@@ -43,7 +43,7 @@ def trained(target, prompts, tmp_path_factory):
     out = tmp_path_factory.mktemp("dvi-train") / "run"
     argv = ["train-dvi", "--target", str(target), "--prompts", str(prompts), "--out", str(out)]
     argv += ["--steps", "4", "--train-batch", "8", "--rollout-blocks", "2"]
-    argv += ["--max-new-tokens", "16", "--save-every", "2", "--quiet", *DTYPE]
+    argv += ["--max-new-tokens", "16", "--save-every", "2", "--split", "2", "--quiet", *DTYPE]
     assert main(argv) == 0
     return out
 
