@@ -65,7 +65,8 @@ def register(commands) -> None:
         type=_int_tuple,
         help="tap layers, e.g. 2,14,25 (default: inputs of layers 2, L/2, L-3)",
     )
-    for name in ("epochs", "batch_tokens", "unroll", "max_seq_tokens", "valid_samples"):
+    integers = ("epochs", "batch_tokens", "unroll", "max_seq_tokens", "valid_samples")
+    for name in (*integers, "eval_every", "save_every"):
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=defaults[name])
     for name in ("lr", "step_decay"):
         parser.add_argument(f"--{name.replace('_', '-')}", type=float, default=defaults[name])
@@ -85,6 +86,8 @@ def run(args: argparse.Namespace) -> int:
         step_decay=args.step_decay,
         max_seq_tokens=args.max_seq_tokens,
         valid_samples=args.valid_samples,
+        eval_every=args.eval_every,
+        save_every=args.save_every,
         seed=args.seed,
     )
     data = DataOptions(
