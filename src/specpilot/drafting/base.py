@@ -20,7 +20,9 @@ from specpilot.types import Proposal
 
 class Drafter(Protocol):
     def reset(self) -> None:
-        """Forget any per-request state (called before each request)."""
+        """Forget per-request state (called before each request). Not the caches: a runner
+        records which tokens its slots hold (models.synced_cache), so the next request keeps
+        whatever prefix it shares with them, e.g. the earlier turns of a conversation."""
 
     def propose(
         self,
@@ -37,19 +39,6 @@ class Drafter(Protocol):
 
     # Optional: a drafter that learns online (DVI) also defines
     #   observe(slot, proposal, target_logits, num_accepted)
-    # which the engine calls after verifying `proposal` (the verified prefix) of that slot.
-
-
-def common_prefix_length(a: list[int], b: list[int]) -> int:
-    """Length of the longest common prefix (C-speed when one is a prefix of the other)."""
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    lo, hi = 0, n  # a[:lo] == b[:lo] and a[:hi] != b[:hi]
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
+    # which the engine calls after verifying `proposal` (the verified prefix) of that slot; a
+    # drafter (or verify policy) with a model of its own defines clear_cache(), which empties
+    # that model's cache (SpeculativeEngine.clear_cache).
