@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specpilot.drafting.layer_split import LayerSplitDrafter
 from specpilot.engine import SpeculativeEngine
 from specpilot.errors import ConfigError
 from specpilot.models import LoadedModel, check_same_tokenizer, load_model
 from specpilot.models.chat import eos_token_ids
 from specpilot.models.runner import CausalRunner
-from specpilot.policies import ConstantPolicy, DraftPolicy
+from specpilot.policies import ConstantPolicy, DraftPolicy, VerifyPolicy
 from specpilot.policies.sv import SvVerifyPolicy, read_sv_profile
 from specpilot.registry import make_draft_policy, make_drafter
 
@@ -51,22 +50,26 @@ def build_engine(
     drafter: str = "model",
     policy: str | DraftPolicy = "constant",
     drafter_options: dict | None = None,
+    verify_policy: VerifyPolicy | None = None,
     **policy_options,
 ) -> SpeculativeEngine:
     """An engine from names: drafter in {model, ngram, dvi, none} (with `drafter_options`, see
     registry.make_drafter); policy a name in registry.POLICIES (with its options) or a ready
-    DraftPolicy. "sv" drafts a constant gamma_max and verifies SV's chosen prefix (options
-    sv_profile, companion, gamma_max, plus_one; see make_sv)."""
+    DraftPolicy; `verify_policy` a ready VerifyPolicy (default: verify every drafted token).
+    "sv" drafts a constant gamma_max and verifies SV's chosen prefix (options sv_profile,
+    companion, gamma_max, plus_one; see make_sv)."""
     target = models.target
-    verify_policy = None
     if policy == "sv":
+        if verify_policy is not None:
+            raise ConfigError("policy 'sv' brings its own verify policy; pass no verify_policy")
         policy, verify_policy = make_sv(models, **policy_options)
     elif isinstance(policy, str):
         policy = make_draft_policy(policy, **policy_options)
     draft = make_drafter(drafter, models.draft, target, **(drafter_options or {}))
+    # A drafter may verify through its own view of the target (DVI's shared shallow cache).
+    verifier = getattr(draft, "verifier", None)
     return SpeculativeEngine(
-        # A layer-split drafter verifies through its own view of the target (shared cache).
-        draft.target if isinstance(draft, LayerSplitDrafter) else target.runner,
+        target.runner if verifier is None else verifier(target.runner),
         target.tokenizer,
         drafter=draft,
         draft_policy=policy,

@@ -44,8 +44,10 @@ class SamplingConfig:
 class GenerationConfig:
     """What to generate: length, stopping and sampling."""
 
-    max_new_tokens: int = 128
-    """Upper bound on generated tokens (also enforced when reached in the middle of a draft)."""
+    max_new_tokens: int = 1024
+    """Upper bound on generated tokens (also enforced when reached in the middle of a draft).
+    Generation ends earlier at EOS, a stop string or the end of the context (finish_reason
+    "length"), so the default lets an answer finish; benchmarks set a fixed, smaller budget."""
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     seed: int = 0
     """Seed of the generator used for drafting and verification, so sampled runs reproduce."""

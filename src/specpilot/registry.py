@@ -43,7 +43,7 @@ DRAFTER_OPTIONS = {
     "none": set(),
 }
 DVI_SPLIT = 2
-"""DVI's default split: the target's first 2 layers draft (METHODS.md §2.1)."""
+"""DVI's default split: the target's first 2 layers draft (the DVI paper's split, §4.1)."""
 
 
 def _convert(cls, options: dict[str, Any]) -> dict[str, Any]:

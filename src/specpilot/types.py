@@ -1,8 +1,8 @@
 """Frozen records passed between the plugs of the decode loop.
 
-Vocabulary (DESIGN.md §4): a step drafts `k` tokens; the target accepts `num_accepted` of them
-(a prefix) and then emits one more token: a *recovered* token after a rejection, or a *bonus*
-token when all k were accepted. So every verify step emits `num_accepted + 1` tokens.
+Vocabulary (README, "Vocabulary"): a step drafts `k` tokens; the target accepts `num_accepted`
+of them (a prefix) and then emits one more token: a *recovered* token after a rejection, or a
+*bonus* token when all k were accepted. So every verify step emits `num_accepted + 1` tokens.
 """
 
 from __future__ import annotations
@@ -56,7 +56,8 @@ class Proposal:
         return n
 
     def truncated(self, n: int) -> Proposal:
-        """The first n tokens (a prefix, or a subtree: both are safe to verify, DESIGN.md §1)."""
+        """The first n tokens (a prefix, or a subtree: both are safe to verify; docs/methods.md
+        §1.2)."""
         probs = None if self.draft_probs is None else self.draft_probs[:n]
         logits = None if self.draft_logits is None else self.draft_logits[:n]
         parents = None if self.parents is None else self.parents[:n]

@@ -1,7 +1,8 @@
-"""Batched decoding (DESIGN.md §5 kinds 4-5 per row): rows of different lengths decoded together,
-each accepting its own number of tokens per step and finishing at its own time, must each equal
-plain decoding of that row alone — greedy token for token, and under sampling the same tokens
-for the same seed (every row has its own generator, so batchmates cannot change its draws)."""
+"""Batched decoding (docs/methods.md §6, kinds 4-5 per row): rows of different lengths decoded
+together, each accepting its own number of tokens per step and finishing at its own time, must
+each equal decoding of that row alone — greedy token for token, and under sampling the same
+tokens for the same seed (every row has its own generator, so batchmates cannot change its
+draws; SV's cross-row allocation is the exception, tested in test_sv.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Monte-Carlo check of the real code path (DESIGN.md §5, kind 3).
+"""Monte-Carlo check of the real code path (docs/methods.md §6, kind 3).
 
 The target here emits independent tokens: the token at output position t is distributed as
 p[t] whatever came before (a valid autoregressive model), and the draft proposes position t from

@@ -1,4 +1,4 @@
-"""DVI stays lossless (DESIGN.md §5 kinds 3-4): the layer-split self-drafter with a trained
+"""DVI stays lossless (docs/methods.md §6, kinds 3-4): the layer-split self-drafter with a trained
 (non-zero) LoRA head, with or without a shared cache, a reduced draft vocabulary and online
 learning, reproduces plain greedy decoding token for token (alone and batched), and under
 sampling emits tokens that follow the target's distribution."""

@@ -1,4 +1,5 @@
-"""Monte-Carlo check of sampled speculative decoding on the real engine path (DESIGN.md §5 kind 3).
+"""Monte-Carlo check of sampled speculative decoding on the real engine path (docs/methods.md §6,
+kind 3).
 
 The joint distribution of the first two generated tokens, over many seeds, must match the
 target's exact distribution (computed from its logits) by a chi-square test — for a model

@@ -1,4 +1,4 @@
-"""Exact distribution by enumeration (DESIGN.md §5, kind 2).
+"""Exact distribution by enumeration (docs/methods.md §6, kind 2).
 
 The "models" are first-order Markov chains over a tiny vocabulary: the target is P[prev, next]
 (float64) and the draft Q[prev, next] (or a deterministic proposal table, like n-gram lookup).

@@ -1,4 +1,4 @@
-"""Greedy identity (DESIGN.md §5 kind 4) and KV-cache rollback (kind 5) on the real engine.
+"""Greedy identity (docs/methods.md §6, kind 4) and KV-cache rollback (kind 5) on the real engine.
 
 Every drafter × policy must reproduce plain greedy decoding token for token, including scripted
 drafters that are right for exactly j tokens and then wrong, EOS inside a draft, and

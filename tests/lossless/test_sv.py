@@ -172,3 +172,44 @@ def test_paper_rule_under_sampling_is_detected(monkeypatch):
     sampling = SAMPLINGS[0]
     engine, expected = sampling_setup(sampling)
     assert chi_square_pvalue(engine, expected, sampling, length=3) < 1e-6
+
+
+class _FirstRow:
+    """Decodes each prompt as row 0 of a batch beside `mate`, through `generate`'s signature."""
+
+    def __init__(self, engine: SpeculativeEngine, mate: list[int]):
+        self.engine = engine
+        self.mate = mate
+
+    def generate(self, prompt, config):
+        return self.engine.generate_batch([prompt, self.mate], config)[0]
+
+
+def test_sv_batch_row_keeps_the_distribution_not_the_solo_tokens():
+    """In a batch, SV allocates verification positions across rows, so a sampled row's tokens
+    depend on its batchmate (they differ from a solo run with the same seed), but its output
+    still follows the target's distribution."""
+    sampling = SAMPLINGS[0]
+    target = tiny_model("llama", vocab_size=VOCAB, seed=3)
+    runner = DecoderRunner(target, batch_size=2)
+    # Flat enough that batch rows verify drafts too, not only their pending token.
+    latency = VerifyLatency([(1, 1.0), (2, 1.2), (3, 1.4), (4, 1.6), (8, 3.0)])
+    engine = SpeculativeEngine(
+        runner,
+        TinyTokenizer(),
+        ModelDrafter(DecoderRunner(perturbed(target, 1.0), batch_size=2)),
+        ConstantPolicy(3),
+        SvVerifyPolicy(runner.early_exit(2), table_from_a(), latency),
+        eos_ids=set(),
+    )
+    batched = _FirstRow(engine, [1, 6, 2, 7])
+    expected = exact_joint_distribution(target, sampling, length=3)
+    assert chi_square_pvalue(batched, expected, sampling, length=3) > 1e-3
+    prompt = [1, 3, 4, 5, 3, 4]
+    differ, verified = 0, 0
+    for seed in range(50):
+        config = GenerationConfig(max_new_tokens=3, sampling=sampling, seed=seed)
+        row = batched.generate(prompt, config)
+        verified += sum(record.num_verified for record in row.stats.records)
+        differ += row.token_ids != engine.generate(prompt, config).token_ids
+    assert verified > 0 and differ > 0

@@ -176,7 +176,7 @@ def test_batched_bench_is_lossless_and_reports_goodput(capsys, folders, tmp_path
 
 
 def test_prompt_sample_follows_the_seed(tmp_path):
-    from specpilot.cli import select_prompts
+    from specpilot.bench.run import select_prompts
 
     path = tmp_path / "many.jsonl"
     rows = [{"question_id": i, "category": "c" + str(i % 2), "turns": [f"w{i}"]} for i in range(40)]

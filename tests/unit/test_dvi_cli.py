@@ -43,7 +43,7 @@ def trained(target, prompts, tmp_path_factory):
     out = tmp_path_factory.mktemp("dvi-train") / "run"
     argv = ["train-dvi", "--target", str(target), "--prompts", str(prompts), "--out", str(out)]
     argv += ["--steps", "4", "--train-batch", "8", "--rollout-blocks", "2"]
-    argv += ["--max-new-tokens", "16", "--save-every", "2", "--quiet", *DTYPE]
+    argv += ["--max-new-tokens", "16", "--save-every", "2", "--split", "2", "--quiet", *DTYPE]
     assert main(argv) == 0
     return out
 
@@ -121,6 +121,13 @@ def generate_dvi(capsys, target, *extra):
     return run_cli(
         capsys, "generate", "--target", target, "--drafter", "dvi", "--prompt", "w5 w6", *extra
     )
+
+
+def test_dvi_save_needs_learn(capsys, target, tmp_path):
+    code, _, err = generate_dvi(capsys, target, "--dvi-save", tmp_path / "head", *DTYPE)
+    assert code == 2
+    assert_one_line_error(err, "--dvi-save saves the head that --learn trains: add --learn")
+    assert "loading" not in err
 
 
 def test_dvi_adapter_that_is_not_an_adapter(capsys, target, tmp_path):

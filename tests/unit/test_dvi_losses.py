@@ -1,4 +1,5 @@
-"""DVI's loss terms, KL→RL schedule and training config (METHODS.md §2.3-2.4).
+"""DVI's loss terms, KL→RL schedule and training config (DVI paper §3.4;
+docs/methods.md §3.3-3.4).
 
 Every expected value is written out with scalar `math` formulas over explicit small numbers, so
 the tests do not share code (or torch calls) with training/dvi/losses.py.
@@ -222,8 +223,8 @@ def test_loss_weights_ablations(step, objective, expected):
 
 def test_schedule_with_zero_ramp_and_warmup():
     config = DviTrainConfig(warmup_steps=0, ramp_steps=0)
-    # s = min(1, (t − T_w) / max(1, T_ramp)) (the authors' clamp, METHODS.md §2.4): with no ramp
-    # the mix still starts at s = 0 on update T_w and is fully on from T_w + 1.
+    # s = min(1, (t − T_w) / max(1, T_ramp)) (the authors' clamp, docs/methods.md §3.4): with no
+    # ramp the mix still starts at s = 0 on update T_w and is fully on from T_w + 1.
     assert mix_schedule(1, config) == (1.0, pytest.approx(0.05))
     assert loss_weights(0, config).policy is True
     custom = DviTrainConfig(warmup_steps=2, ramp_steps=4, kl_start=2.0, kl_min=0.5, pg_max=3.0)

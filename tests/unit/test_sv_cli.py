@@ -42,6 +42,8 @@ def test_profile_then_generate(capsys, folders, tmp_path):
     saved = json.loads(profile.read_text())
     assert saved["companion"] == "early-exit:target:2"
     assert saved["records"] > 0 and len(saved["verify_ms"]["128"]) == 8
+    samples = saved["samples"]  # one α per (S, A): recorded by the engine observer
+    assert len(samples["alpha"]) == len(samples["s"]) == len(samples["a"]) == saved["records"]
     assert {"IG_SA", "IG_S", "IG_A", "H_X"} <= set(saved["information_gain"])
     assert "information gain" in capsys.readouterr().out
     code = main(

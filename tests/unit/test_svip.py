@@ -1,4 +1,4 @@
-"""SVIP's stopping rule (METHODS.md §5.1): stop after a token whose draft entropy H satisfies
+"""SVIP's stopping rule (docs/methods.md §5): stop after a token whose draft entropy H satisfies
 sqrt(c·H) > h; the token is kept; at least one token, at most max_k."""
 
 from __future__ import annotations

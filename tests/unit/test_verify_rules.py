@@ -1,4 +1,4 @@
-"""Verifier tables (DESIGN.md §5, kind 1).
+"""Verifier tables (docs/methods.md §6, kind 1).
 
 Hand-written cases pin down the greedy and sampling rules on inputs whose answer is obvious, and
 the fast verifier in `verify.rules` is checked against the loop-based `verify.reference` on many

@@ -45,7 +45,7 @@ def run_methods(
     batch_size: int = 1,
 ) -> dict[str, list[PromptRuns]]:
     """Every method on every prompt; `on_prompt_done` sees the finished prompts after each one
-    (the CLI rewrites its JSON report there, so an interrupted run keeps what it measured).
+    (bench.run rewrites its JSON report there, so an interrupted run keeps what it measured).
     With batch_size > 1, prompts are decoded in batches formed within each category (so each
     category's throughput is measured on batches of its own prompts)."""
     methods = {spec.text: make_method(spec, models, hf_models) for spec in specs}

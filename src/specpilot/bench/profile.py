@@ -15,6 +15,7 @@ import time
 from tqdm import tqdm
 
 from specpilot.api import ModelPair, build_engine
+from specpilot.bench.report import machine_info
 from specpilot.config import GenerationConfig, require
 from specpilot.engine import GenerationStats
 
@@ -123,6 +124,7 @@ def profile_pair(
             }
             for gamma, stats in runs
         ],
+        "machine": machine_info(),
     }
 
 

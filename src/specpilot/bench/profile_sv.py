@@ -1,4 +1,5 @@
-"""`specpilot profile-sv`: the offline acceptance profile SV plans with (METHODS.md §3.2).
+"""`specpilot profile-sv`: the offline acceptance profile SV plans with (SV paper §4.2, §7.3;
+docs/methods.md §4.1).
 
 Runs plain speculative decoding (constant γ_max, every drafted token verified) on profiling
 prompts that are not evaluation prompts, and records for every drafted token the companion
@@ -10,6 +11,7 @@ curve T(n) next to the table, so one JSON file is all `--policy sv` needs.
 
 from __future__ import annotations
 
+import json
 import time
 
 import torch
@@ -17,7 +19,9 @@ from tqdm import tqdm
 
 from specpilot.api import ModelPair, build_engine, load_companion
 from specpilot.bench.profile import PROFILE_PROMPTS, latency_curve
+from specpilot.bench.report import machine_info
 from specpilot.config import GenerationConfig, SamplingConfig
+from specpilot.errors import ConfigError
 from specpilot.policies.sv import Companion, acceptance_ratio, indicator_probs, indicators
 from specpilot.policies.sv_table import AcceptanceTable, information_gain
 from specpilot.types import Proposal, StepRecord
@@ -37,15 +41,15 @@ SV_PROFILE_PROMPTS = (
 
 
 class IndicatorRecorder:
-    """A verify policy that verifies everything and records (S, A) for each drafted token; the
-    target's α is filled in from the verify logits by `RecordingTarget`."""
+    """A verify policy that verifies everything and records (S, A) for each drafted token, and
+    an engine observer (`record_alpha`) that records the target's α for it from the verify
+    logits."""
 
     def __init__(self, companion: Companion):
         self.companion = companion
         self.s: list[float] = []
         self.a: list[float] = []
         self.alpha: list[float] = []
-        self.pending: list[tuple[Proposal, torch.Tensor | None]] = []
         self.sampling = SamplingConfig()
 
     def reset(self) -> None:
@@ -53,50 +57,33 @@ class IndicatorRecorder:
 
     def select(self, sequences, proposals: list[Proposal], slots, sampling) -> list[int]:
         self.sampling = sampling
-        self.pending = []
         scored = self.companion.score(sequences, proposals, slots)
         for proposal, logits in zip(proposals, scored, strict=True):
-            draft_probs = None
             if logits is not None:
                 draft_probs = indicator_probs(proposal.draft_logits, sampling)
                 s, a = indicators(draft_probs, indicator_probs(logits, sampling), proposal.tokens)
                 self.s.extend(s.tolist())
                 self.a.extend(a.tolist())
-            self.pending.append((proposal, draft_probs))
         return [proposal.k for proposal in proposals]
-
-    def record_target(self, target_logits: list[torch.Tensor]) -> None:
-        """α for each pending drafted token from the target's verify logits ([k + 1, vocab])."""
-        for (proposal, draft_probs), logits in zip(self.pending, target_logits, strict=True):
-            if not proposal.k:
-                continue
-            tokens = torch.tensor(proposal.tokens)
-            rows = logits[: proposal.k]
-            if self.sampling.greedy:
-                alpha = (rows.argmax(-1) == tokens).float()
-            else:
-                target_probs = indicator_probs(rows, self.sampling)
-                alpha = acceptance_ratio(target_probs, draft_probs, tokens[:, None])[:, 0]
-            self.alpha.extend(alpha.tolist())
 
     def observe(self, record: StepRecord) -> None:
         pass
 
-
-class RecordingTarget:
-    """The target runner, passing each verify forward's logits to the recorder."""
-
-    def __init__(self, runner, recorder: IndicatorRecorder):
-        self._runner, self._recorder = runner, recorder
-
-    def __getattr__(self, name):
-        return getattr(self._runner, name)
-
-    def forward_batch(self, rows, slots, logits="all", head=None):
-        out = self._runner.forward_batch(rows, slots, logits, head)
-        if logits == "all":
-            self._recorder.record_target(out)
-        return out
+    def record_alpha(
+        self, _slot: int, proposal: Proposal, target_logits: torch.Tensor, _record: StepRecord
+    ) -> None:
+        """α for each drafted token of a verified step ([k + 1, vocab] target logits)."""
+        if not proposal.k:
+            return
+        tokens = torch.tensor(proposal.tokens)
+        rows = target_logits[: proposal.k]
+        if self.sampling.greedy:
+            alpha = (rows.argmax(-1) == tokens).float()
+        else:
+            draft_probs = indicator_probs(proposal.draft_logits, self.sampling)
+            target_probs = indicator_probs(rows, self.sampling)
+            alpha = acceptance_ratio(target_probs, draft_probs, tokens[:, None])[:, 0]
+        self.alpha.extend(alpha.tolist())
 
 
 def profile_sv(
@@ -114,9 +101,8 @@ def profile_sv(
     """Record, fit and summarise; `verify_ms` reuses curves from `specpilot profile` (else the
     curve at context 128 is measured here)."""
     recorder = IndicatorRecorder(Companion(load_companion(companion, models)))
-    engine = build_engine(models, "model", "constant", k=gamma_max)
-    engine.verify_policy = recorder
-    engine.target = RecordingTarget(models.target.runner, recorder)
+    engine = build_engine(models, "model", "constant", verify_policy=recorder, k=gamma_max)
+    engine.observers.append(recorder.record_alpha)
     start = time.perf_counter()
     for prompt in tqdm(prompts, desc="profile-sv", unit="prompt", disable=not progress):
         engine.generate([{"role": "user", "content": prompt}], config)
@@ -146,4 +132,32 @@ def profile_sv(
             "a": [round(x, 5) for x in recorder.a],
             "alpha": [round(x, 5) for x in recorder.alpha],
         },
+        "machine": machine_info(),
     }
+
+
+def read_verify_ms(latency_profile: str) -> dict:
+    """The verify latency curves T(n) of a `specpilot profile` JSON."""
+    try:
+        with open(latency_profile) as source:
+            verify_ms = json.load(source).get("verify_ms")
+    except (OSError, ValueError) as error:
+        raise ConfigError(f"cannot read latency profile {latency_profile!r}: {error}") from None
+    if not verify_ms:
+        raise ConfigError(f"{latency_profile!r} has no verify_ms: make it with `specpilot profile`")
+    return verify_ms
+
+
+def profile_summary(profile: dict) -> str:
+    """How much was recorded, and what (S, A), S and A tell about acceptance."""
+    gain = profile["information_gain"]
+    return (
+        f"{profile['records']} drafted tokens from {profile['prompts']} prompts, mean acceptance "
+        f"{profile['mean_alpha']:.3f}\n"
+        f"H(acceptance) {gain['H_X']:.3f} bits; information gain (plug-in / minus the "
+        "shuffled-α baseline): "
+        + ", ".join(
+            f"{name} {gain['IG_' + key]:.3f} / {gain['IG_' + key + '_corrected']:.3f}"
+            for name, key in (("(S, A)", "SA"), ("S", "S"), ("A", "A"))
+        )
+    )

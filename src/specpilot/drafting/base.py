@@ -39,6 +39,10 @@ class Drafter(Protocol):
 
     # Optional: a drafter that learns online (DVI) also defines
     #   observe(slot, proposal, target_logits, num_accepted)
-    # which the engine calls after verifying `proposal` (the verified prefix) of that slot; a
-    # drafter (or verify policy) with a model of its own defines clear_cache(), which empties
-    # that model's cache (SpeculativeEngine.clear_cache).
+    # which the engine calls after verifying `proposal` (the verified prefix) of that slot,
+    #   summary() -> str | None   a line on what it has learned so far (None: nothing to report)
+    #   save(path)                 write what it has learned;
+    # a drafter that shares work with the verifier (DVI's shallow cache) defines
+    #   verifier(target_runner) -> runner   the runner the engine verifies through;
+    # and a drafter (or verify policy) with a model of its own defines
+    #   clear_cache()              empty that model's cache (SpeculativeEngine.clear_cache).

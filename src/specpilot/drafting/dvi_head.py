@@ -2,8 +2,8 @@
 
 logits = s · (W_lm + (α/r)·B·A) · RMSNorm_final(h_k). W_lm and the norm are the target's
 tensors, shared and frozen (the verifier stays bit-identical, which keeps DVI lossless); only A,
-B and the scalar logit scale s = exp(log_scale) train (METHODS.md §2.1 allows the scale; the
-authors' code has one). The scale matters: an early exit's logits are far too peaked (on
+B and the scalar logit scale s = exp(log_scale) train (the authors' code trains one too;
+docs/methods.md §3.1). The scale matters: an early exit's logits are far too peaked (on
 SmolLM2-135M at layer 2, KL to the verifier is 16.9 nats at s = 1 and 5.8 at s = 1/4).
 
 peft creates and initialises the factors (B = 0, so the untrained head is the early-exit logit

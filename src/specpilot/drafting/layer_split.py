@@ -93,6 +93,23 @@ class LayerSplitDrafter:
             self.target = target
         self.blocks: dict[int, DraftedBlock] = {}
 
+    def verifier(self, target: DecoderRunner) -> DecoderRunner | SharedShallowTarget:
+        """The runner the engine verifies through: with cache sharing, the view of `target` that
+        skips the shallow layers drafting already ran."""
+        if target is not self.runner:
+            raise ConfigError("this DVI drafter was built on another target; build it on this one")
+        return self.target
+
+    def summary(self) -> str | None:
+        """Online learning progress (`--learn`), else None."""
+        if self.learner is None:
+            return None
+        return f"dvi --learn: {self.learner.updates} updates over {self.learner.step} steps"
+
+    def save(self, path: str) -> None:
+        """Save the head (the adapter `--learn` trained)."""
+        self.head.save(path)
+
     def reset(self) -> None:
         self.blocks = {}
 

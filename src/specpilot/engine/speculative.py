@@ -88,7 +88,12 @@ class _Row:
 class SpeculativeEngine:
     """Lossless speculative decoding of one target with a pluggable drafter and policies.
 
-    With `drafter=None` it is plain autoregressive decoding (the baseline)."""
+    With `drafter=None` it is plain autoregressive decoding (the baseline).
+
+    `observers`: callables run once per verified row-step as
+    `observer(slot, proposal, target_logits, record)`, with the proposal as verified, the target's
+    verify logits for it ([k + 1, vocab]) and the step's StepRecord. They watch without changing
+    the decoding (profiling, logging), so tools need not wrap the target or the policies."""
 
     def __init__(
         self,
@@ -108,6 +113,7 @@ class SpeculativeEngine:
             eos = getattr(tokenizer, "eos_token_id", None)
             eos_ids = set() if eos is None else {eos}
         self.eos_ids = frozenset(eos_ids)
+        self.observers: list[Callable[[int, Proposal, torch.Tensor, StepRecord], None]] = []
 
     def generate(
         self,
@@ -131,8 +137,11 @@ class SpeculativeEngine:
         forward per step serve the whole batch (the weights are read once for all rows).
 
         Each row accepts its own number of tokens, finishes on its own, and uses its own random
-        generator seeded with `config.seed` and its own copy of the draft policy, so a row's
-        output does not depend on its batchmates. `on_tokens(row, tokens)` streams."""
+        generator seeded with `config.seed` and its own copy of the draft policy. So greedy rows
+        equal plain greedy decoding (exactly in float32; bf16 packs change rounding), and sampled
+        rows give the tokens they give alone, unless a rule couples rows: SV's batch allocation
+        or a DVI head learning on the batch; then only the target's distribution is preserved
+        (docs/methods.md §1.3). `on_tokens(row, tokens)` streams."""
         config = config or GenerationConfig()
         prompt_ids = [self._encode(prompt) for prompt in prompts]
         if not 1 <= len(prompt_ids) <= self.target.batch_size:
@@ -233,6 +242,8 @@ class SpeculativeEngine:
             row.stats.add(record)
             row.policy.observe(record)
             self.verify_policy.observe(record)
+            for observer in self.observers:
+                observer(row.slot, proposal, row_logits, record)
             if on_tokens is not None and emitted:
                 on_tokens(row.slot, emitted)
             if row.reason is None and len(row.sequence) >= self.target.max_length:

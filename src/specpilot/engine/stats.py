@@ -1,4 +1,4 @@
-"""Per-request statistics aggregated from per-step records (vocabulary: DESIGN.md §4).
+"""Per-request statistics aggregated from per-step records (vocabulary: README, "Vocabulary").
 
 Drafted, verified and accepted counts are depths (StepRecord), so acceptance rates and
 acceptance by position mean the same for chains and trees; `nodes` is the verify cost."""

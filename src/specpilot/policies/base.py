@@ -3,8 +3,8 @@
 A `DraftPolicy` sees each draft distribution before its token is drawn and may stop there (the
 decision depends only on the prefix), and sees each drafted token and may stop after it; it never
 removes a token it has already let through (that would change the proposal distribution and
-break losslessness, DESIGN.md §1). A `VerifyPolicy` may truncate a finished chain to a prefix
-before verification, which is safe. Both observe each step's outcome.
+break losslessness, docs/methods.md §1.2). A `VerifyPolicy` may truncate a finished chain to a
+prefix before verification, which is safe. Both observe each step's outcome.
 """
 
 from __future__ import annotations

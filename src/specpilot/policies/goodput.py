@@ -1,4 +1,5 @@
-"""SV's verification length: verify as many drafts as maximise goodput (METHODS.md §3.3-3.4).
+"""SV's verification length: verify as many drafts as maximise goodput (SV paper §5;
+docs/methods.md §4.2, §4.4).
 
 Given per-position acceptance probabilities p_i (from `AcceptanceTable.lookup`) and conditional
 independence, verifying the first γ drafted tokens yields E[N | γ] = Σ_{n≤γ} Π_{i≤n} p_i accepted
@@ -150,7 +151,8 @@ def allocate_batch(
     realized_rows: Sequence[Sequence[float]] | None = None,
     plus_one: bool = True,
 ) -> list[int]:
-    """Per-request verification lengths for one batched target pass (METHODS.md §3.4).
+    """Per-request verification lengths for one batched target pass (SV paper §5; docs/methods.md
+    §4.4).
 
     Every row verifies its pending token (E_tot = B tokens, n_tot = B fed). Greedily give one more
     drafted position to the row with the largest marginal gain Π_{i≤γ_q} r_{q,i} · p_{q,γ_q+1}
@@ -158,7 +160,7 @@ def allocate_batch(
     (`realized_rows`, default p) of positions already given. A row's marginals only shrink, so
     the greedy order always extends some row's prefix. A max-heap (ties: lowest row) makes this
     O(B·γ·log B). Stops at the first non-improving step (T is a step function under GPU tiling,
-    so this can stop early; METHODS.md leaves lookahead optional). A row never exceeds len(p_row).
+    so this can stop early; no lookahead). A row never exceeds len(p_row).
     `plus_one` off drops each row's own token from E_tot (the paper's possible formula).
     """
     rows = [_probabilities(row, f"p_rows[{q}]") for q, row in enumerate(p_rows)]

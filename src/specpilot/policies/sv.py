@@ -1,11 +1,11 @@
-"""SV (paper 001): a companion model predicts which drafted tokens the target will accept, and
-the target verifies only the goodput-optimal prefix (METHODS.md §3).
+"""SV (Speculative Verification; docs/methods.md §4): a companion model predicts which drafted
+tokens the target will accept, and the target verifies only the goodput-optimal prefix.
 
 Per step: one teacher-forced companion forward over the drafted tokens gives, for each drafted
 token, S = Σ_v min(P_draft, P_comp) and A = min(1, P_comp(t)/P_draft(t)); the offline table
 (`specpilot profile-sv`) maps (S, A) to an acceptance probability p_i; the verify length
 maximises (E[accepted] + 1) / T_verify for one request, or the greedy cross-request allocation
-for a batch. Verifying a prefix of a proposal is lossless (DESIGN.md §1), whatever p says.
+for a batch. Verifying a prefix of a proposal is lossless (docs/methods.md §1.2), whatever p says.
 
 Indicators use the distributions tokens are actually drawn from: the warped sampling
 distributions, or under greedy decoding the temperature-1 softmax (the one-hot argmax would make

@@ -1,4 +1,5 @@
-"""SV's offline acceptance-probability profile p̂[bin(S), bin(A)] (METHODS.md §3.2).
+"""SV's offline acceptance-probability profile p̂[bin(S), bin(A)] (SV paper §4.2, §7.3;
+docs/methods.md §4.1).
 
 Profiling records, for every drafted token, the draft/companion similarity S = 1 − TV(P_d, P_c),
 the companion-as-target acceptance A = min(1, P_c(t)/P_d(t)) and the target's acceptance α. At

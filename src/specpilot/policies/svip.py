@@ -1,9 +1,9 @@
-"""SVIP: stop drafting when the draft's own entropy says a rejection is coming (paper 003).
+"""SVIP: stop drafting when the draft's own entropy says a rejection is coming (SVIP paper §2.2).
 
 The acceptance probability of a drafted token is β = 1 − TV(p, q) ≳ 1 − sqrt(c·H(q)) (Pinsker
 plus the paper's cross-entropy approximation), so a draft that is unsure of its token is likely
 to be rejected, and drafting past it wastes draft steps. Rule as in the authors' code
-(METHODS.md §5.1): H is the entropy in nats of the draft's raw logits at temperature 1; after
+(docs/methods.md §5): H is the entropy in nats of the draft's raw logits at temperature 1; after
 appending a token, stop if sqrt(c·H) > h, i.e. H > h²/c (0.6 nats for the defaults). The
 high-entropy token itself is kept (keep-then-stop); at least one and at most `max_k` tokens.
 

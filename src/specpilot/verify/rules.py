@@ -3,8 +3,10 @@
 Greedy: accept while the drafted token equals the target's argmax; then emit the target's argmax
 (recovered after a mismatch, bonus after full acceptance). Sampling (Leviathan et al. / Chen et
 al.): accept x ~ q with probability min(1, p(x)/q(x)); at the first rejection emit a sample of
-norm(max(p − q, 0)); after full acceptance a sample of p at position k + 1. Either way the emitted
-sequence is distributed exactly as the target's (greedy: identical to plain greedy decoding).
+norm(max(p − q, 0)); after full acceptance a sample of p at position k + 1. Either way, given the
+target's logits, the emitted sequence is distributed exactly as the target's (greedy: identical to
+plain greedy decoding; in bf16 a multi-token forward's logits differ from plain decoding's by
+rounding, docs/methods.md §1.3).
 
 These functions do not touch models or caches; they are the whole of the lossless promise and
 are tested against `verify.reference` and by exact enumeration.

@@ -1,11 +1,12 @@
 """DVI's online learner: log verified blocks, and every `rollout_blocks` blocks update the head
 (`updates_per_step` times; once in the paper).
 
-One update (METHODS.md §2.5, [REC]): a uniform minibatch from the replay buffer gives
-λ_pg·L_pg + λ_kl·KL + w_ce·L_CE − w_ent·H; once the RL phase starts, the tuples of the latest
-rollout (accepted and first-reject, on-policy) add w_rl·REINFORCE with an EMA baseline plus
-β(t)·KL(p_target ‖ p_draft); one AdamW step on the sum, gradients clipped. h_k does not depend
-on the trained LoRA (it sits on the head only), so stored h_k are exact inputs for later updates.
+One update (DVI paper §3.4, with the choices of docs/methods.md §3.3): a uniform minibatch from
+the replay buffer gives λ_pg·L_pg + λ_kl·KL + w_ce·L_CE − w_ent·H; once the RL phase starts, the
+tuples of the latest rollout (accepted and first-reject, on-policy) add w_rl·REINFORCE with an
+EMA baseline plus β(t)·KL(p_target ‖ p_draft); one AdamW step on the sum, gradients clipped.
+h_k does not depend on the trained LoRA (it sits on the head only), so stored h_k are exact
+inputs for later updates.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""DVI's loss terms (METHODS.md §2.3) as pure functions of draft logits and logged tuples.
+"""DVI's loss terms (DVI paper §3.4; choices: docs/methods.md §3.3) as pure functions of draft
+logits and logged tuples.
 
 All take `draft_logits` [n, V] (the draft head over the scored ids) and return a scalar.
 """

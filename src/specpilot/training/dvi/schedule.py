@@ -1,7 +1,8 @@
-"""The KL→RL schedule (METHODS.md §2.4) and what each ablation objective turns on.
+"""The KL→RL schedule (DVI paper §3.4; values: docs/methods.md §3.4) and what each ablation
+objective turns on.
 
-t counts training steps that updated (METHODS.md: optimizer updates; the same with the default
-one update per step). The full objective starts as pure distillation (KL warm-up), ramps
+t counts training steps that updated (the paper counts optimizer updates; the same with one
+update per step). The full objective starts as pure distillation (KL warm-up), ramps
 the reward-masked term in while the KL weight falls, and from the end of warm-up adds the
 on-policy REINFORCE step with a KL anchor β(t) that decays linearly.
 """

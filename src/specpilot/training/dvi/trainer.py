@@ -1,7 +1,7 @@
 """`specpilot train-dvi`: decode a prompt stream with the DVI drafter and learn as it goes.
 
 Generation and learning share one loop: the engine decodes each prompt (greedy verification, so
-the output is the target's; drafts sampled at `explore_temperature` for exploration), every
+the output is the target's; drafts greedy, or sampled at `explore_temperature` > 0), every
 verified block goes to the learner, and every `rollout_blocks` blocks the learner updates the
 LoRA head, which drafts the next block. Each step appends a CSV row; checkpoints (PEFT adapter
 + trainer state: optimizer, replay buffer, RNG, counters, prompt position) are written
@@ -47,7 +47,9 @@ class TrainDviOptions:
     prompts: str
     steps: int
     out: str
-    split: int = 2
+    split: int = 1
+    """Target layers that draft: 1 ran fastest held-out on SmolLM2-135M (BENCHMARKS.md §6.2,
+    §6.7; the paper's is 2)."""
     draft_vocab: int | None = None
     draft_vocab_corpus: str | None = None
     """With draft_vocab: pick the ids most frequent in this corpus file (else the first ids)."""
@@ -58,7 +60,9 @@ class TrainDviOptions:
     """Tokens generated per prompt."""
     max_prompt_tokens: int = 512
     """Longer user messages are cut to this many tokens."""
-    explore_temperature: float = 1.0
+    explore_temperature: float = 0.0
+    """Temperature the rollouts sample drafts at; 0 drafts greedily, as the paper does and as
+    learned faster here (BENCHMARKS.md §6.1; the authors' code samples at 1.0)."""
     draft_length: int = 4
     """k_spec: tokens drafted per block."""
     save_every: int = 100

@@ -1,0 +1,161 @@
+"""Argument groups and helpers shared by the commands: model and decoding options, method
+(drafter and policy) options, and loading the models they name."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from specpilot.api import DEFAULT_DRAFT, DEFAULT_K, DEFAULT_TARGET, ModelPair, load_models
+from specpilot.config import GenerationConfig, SamplingConfig
+from specpilot.errors import ConfigError
+from specpilot.models.loading import resolve_dtype
+from specpilot.registry import DRAFTERS, POLICIES
+
+DEFAULT_POLICY = "constant"
+BATCH_HELP = "prompts decoded together (each row accepts its own number of tokens per step)"
+VOCAB_CORPUS_HELP = (
+    "with --draft-vocab N: the N tokens most frequent in this text or JSONL file "
+    "(default: the first N ids)"
+)
+
+
+def add_model_arguments(
+    parser: argparse.ArgumentParser,
+    max_new_tokens: int,
+    max_new_tokens_help: str = "new tokens per answer (default %(default)s)",
+) -> None:
+    """Model and decoding options shared by generate, bench and profile."""
+    parser.add_argument(
+        "--target", default=DEFAULT_TARGET, help="offline name, HF id/folder or .gguf"
+    )
+    parser.add_argument(
+        "--draft", default=DEFAULT_DRAFT, help="draft model (same tokenizer as the target)"
+    )
+    parser.add_argument(
+        "--dtype", default="auto", help="auto (bf16 where the CPU has it), bfloat16, float32, ..."
+    )
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument(
+        "--max-length", type=int, default=4096, help="KV cache size (context) in tokens"
+    )
+    parser.add_argument(
+        "--max-new-tokens", type=int, default=max_new_tokens, help=max_new_tokens_help
+    )
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--top-k", type=int, default=0)
+    parser.add_argument(
+        "--seed", type=int, default=0, help="sampling seed (bench: also draws the --limit sample)"
+    )
+
+
+def add_method_arguments(parser: argparse.ArgumentParser) -> None:
+    """Which drafter and policies decode (see `drafter_options`, `policy_options`)."""
+    parser.add_argument(
+        "--drafter", choices=DRAFTERS, default="model", help="none = plain decoding"
+    )
+    parser.add_argument(
+        "--draft-vocab",
+        type=int,
+        default=None,
+        help="draft scores only N token ids (+ specials): a cheaper draft head",
+    )
+    parser.add_argument("--draft-vocab-corpus", help=VOCAB_CORPUS_HELP)
+    parser.add_argument(
+        "--branches",
+        type=int,
+        default=None,
+        help="--drafter model/dvi: verify the draft's top N first tokens, a tree (default 1: a "
+        "chain)",
+    )
+    parser.add_argument("--policy", choices=sorted(POLICIES), default=DEFAULT_POLICY)
+    parser.add_argument(
+        "--k", type=int, default=None, help=f"draft length for --policy constant ({DEFAULT_K})"
+    )
+    parser.add_argument(
+        "--policy-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra policy option, e.g. max_k=20 (repeatable)",
+    )
+    parser.add_argument(
+        "--companion",
+        help="SV companion: a model sharing the tokenizer, or early-exit:target:N / draft:N "
+        "(default: the one in --sv-profile)",
+    )
+    parser.add_argument("--sv-profile", help="SV acceptance profile from `specpilot profile-sv`")
+    parser.add_argument(
+        "--dvi-adapter", help="--drafter dvi: a trained head (`train-dvi --out` folder or adapter)"
+    )
+    parser.add_argument(
+        "--dvi-split", type=int, help="--drafter dvi: target layers that draft (default 2)"
+    )
+
+
+def drafter_options(args: argparse.Namespace, learn: bool = False) -> dict[str, str]:
+    """registry.make_drafter's options from the method arguments (`learn`: DVI's --learn)."""
+    options = {"draft_vocab": args.draft_vocab} if args.draft_vocab else {}
+    if args.draft_vocab_corpus:
+        options["draft_vocab_corpus"] = args.draft_vocab_corpus
+    if args.branches is not None:
+        options["branches"] = args.branches
+    dvi = {"adapter": args.dvi_adapter, "split": args.dvi_split}
+    dvi = {key: value for key, value in dvi.items() if value is not None}
+    if learn:
+        dvi["learn"] = True
+    if dvi and args.drafter != "dvi":
+        raise ConfigError("--dvi-adapter, --dvi-split and --learn belong to --drafter dvi")
+    return {**options, **dvi}
+
+
+def policy_options(args: argparse.Namespace) -> dict[str, str]:
+    """The chosen policy's options from --k, --policy-option and the SV arguments."""
+    options = {}
+    for item in args.policy_option:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--policy-option expects KEY=VALUE, got {item!r}")
+        options[key] = value
+    if args.k is not None:
+        if args.policy != "constant":
+            raise ConfigError(
+                f"--k sets the draft length of --policy constant, not of {args.policy!r}"
+            )
+        options["k"] = str(args.k)
+    if args.policy == "sv":
+        options.update(sv_profile=args.sv_profile, companion=args.companion)
+    elif args.companion or args.sv_profile:
+        raise ConfigError("--companion and --sv-profile belong to --policy sv")
+    return options
+
+
+def generation_config(args: argparse.Namespace, stop: tuple[str, ...] = ()) -> GenerationConfig:
+    sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
+    seed = 0 if args.seed is None else args.seed  # bench's --seed defaults to None
+    return GenerationConfig(args.max_new_tokens, sampling, seed, stop)
+
+
+def batch_size(size: int) -> int:
+    """--batch-size, checked."""
+    if size < 1:
+        raise ConfigError(f"--batch-size must be >= 1, got {size}")
+    return size
+
+
+def load_from_args(args: argparse.Namespace, draft: str | None, batch: int = 1) -> ModelPair:
+    """Load the target (and draft) named on the command line, with cache room for `batch`
+    prompts; the dtype is checked first, so a bad value fails before any download or
+    conversion."""
+    resolve_dtype(args.dtype, args.device)
+    print(f"loading {args.target}" + (f" + {draft}" if draft else "") + " ...", file=sys.stderr)
+    return load_models(args.target, draft, args.dtype, args.device, args.max_length, batch)
+
+
+def int_list(text: str) -> tuple[int, ...]:
+    """ "1,2,3" → (1, 2, 3)."""
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise ConfigError(f"expected comma-separated integers, got {text!r}") from None

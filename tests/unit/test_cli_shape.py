@@ -1,0 +1,126 @@
+"""The CLI's shape and the hooks it works through: one module per command, train-dvi's defaults
+taken from the training dataclasses, the engine's observers (what profile-sv records with), and
+the drafter hooks build_engine and generate use instead of asking for a drafter's type."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from dataclasses import dataclass
+
+import pytest
+from tiny import TinyTokenizer, perturbed, save_tiny, tiny_model
+
+from specpilot import cli
+from specpilot.api import build_engine, load_models
+from specpilot.config import GenerationConfig
+from specpilot.drafting import ModelDrafter
+from specpilot.drafting.layer_split import SharedShallowTarget
+from specpilot.engine import SpeculativeEngine
+from specpilot.errors import ConfigError
+from specpilot.models.decoder import DecoderRunner
+from specpilot.policies import ConstantPolicy
+from specpilot.policies.verify import VerifyAll
+from specpilot.training.dvi import DviTrainConfig
+from specpilot.training.dvi.trainer import TrainDviOptions
+
+
+def test_every_command_is_one_module():
+    parser = cli.build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    assert list(commands.choices) == [name.replace("_", "-") for name in cli.COMMANDS]
+    for name in cli.COMMANDS:
+        module = importlib.import_module(f"specpilot.cli.{name}")
+        assert callable(module.register) and callable(module.run)
+        assert commands.choices[name.replace("_", "-")].get_default("run") is module.run
+
+
+def test_train_dvi_defaults_come_from_the_dataclasses(monkeypatch):
+    args = cli.build_parser().parse_args(["train-dvi", "--out", "x"])
+    config, options = DviTrainConfig(), TrainDviOptions("p", 1, "x")
+    assert (args.objective, args.train_batch, args.rollout_blocks) == (
+        config.objective,
+        config.batch_size,
+        config.rollout_blocks,
+    )
+    assert (args.updates_per_step, args.lr, args.seed) == (
+        config.updates_per_step,
+        config.lr,
+        config.seed,
+    )
+    assert (args.split, args.lora_rank, args.limit, args.max_new_tokens) == (
+        options.split,
+        options.lora_rank,
+        options.limit,
+        options.max_new_tokens,
+    )
+    assert (args.max_prompt_tokens, args.explore_temperature, args.save_every) == (
+        options.max_prompt_tokens,
+        options.explore_temperature,
+        options.save_every,
+    )
+
+    @dataclass(frozen=True)
+    class Changed(DviTrainConfig):
+        batch_size: int = 32
+        lr: float = 1e-3
+
+    monkeypatch.setattr(
+        importlib.import_module("specpilot.cli.train_dvi"), "DviTrainConfig", Changed
+    )
+    args = cli.build_parser().parse_args(["train-dvi", "--out", "x"])
+    assert (args.train_batch, args.lr) == (32, 1e-3)
+
+
+def test_observers_see_every_verified_row_step():
+    model = tiny_model()
+    target = DecoderRunner(model, max_length=64, batch_size=2)
+    drafter = ModelDrafter(DecoderRunner(perturbed(model, 0.3), max_length=64, batch_size=2))
+    engine = SpeculativeEngine(target, TinyTokenizer(), drafter, ConstantPolicy(3), eos_ids=set())
+    config = GenerationConfig(max_new_tokens=16)
+    unobserved = engine.generate_batch([list(range(3, 10)), list(range(20, 25))], config)
+    seen = []
+    engine.observers.append(lambda *step: seen.append(step))
+    results = engine.generate_batch([list(range(3, 10)), list(range(20, 25))], config)
+    assert [r.token_ids for r in results] == [r.token_ids for r in unobserved]
+    for slot, result in enumerate(results):
+        steps = [step for step in seen if step[0] == slot]
+        assert len(steps) == result.stats.steps
+        for (_, proposal, logits, record), expected in zip(
+            steps, result.stats.records, strict=True
+        ):
+            assert record is expected
+            assert proposal.k == record.num_verified
+            assert logits.shape == (proposal.k + 1, target.vocab_size)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    folder = save_tiny(tmp_path_factory.mktemp("shape") / "target", seed=0)
+    return load_models(str(folder), None, "float32", "cpu", 64)
+
+
+def test_drafters_name_the_runner_the_target_verifies_through(models):
+    runner = models.target.runner
+    shared = build_engine(models, "dvi")
+    assert isinstance(shared.target, SharedShallowTarget)
+    assert shared.target is shared.drafter.verifier(runner)
+    own_cache = build_engine(models, "dvi", drafter_options={"share_cache": "0"})
+    assert own_cache.target is runner
+    assert build_engine(models, "ngram").target is runner
+    with pytest.raises(ConfigError, match="built on another target"):
+        shared.drafter.verifier(own_cache.drafter.shallow)
+
+
+def test_a_learning_drafter_reports_its_progress(models):
+    assert build_engine(models, "dvi").drafter.summary() is None
+    engine = build_engine(models, "dvi", drafter_options={"learn": True})
+    engine.generate("w5 w6 w7", GenerationConfig(max_new_tokens=8))
+    assert engine.drafter.summary().startswith("dvi --learn: ")
+
+
+def test_build_engine_takes_a_ready_verify_policy(models):
+    policy = VerifyAll()
+    assert build_engine(models, "none", verify_policy=policy).verify_policy is policy
+    with pytest.raises(ConfigError, match="brings its own verify policy"):
+        build_engine(models, "none", "sv", verify_policy=policy)
