@@ -45,6 +45,24 @@ def test_speculative_equals_plain_greedy(models, plain_outputs, drafter, policy,
         assert result.stats.steps <= len(expected)
 
 
+def test_multi_turn_prefix_reuse_equals_cold_prefill(models):
+    """The second turn reuses the cached conversation (target and draft) and answers exactly as
+    after a cold prefill of the whole conversation."""
+    engine = build_engine(models, drafter="model", k=3)
+    config = GenerationConfig(max_new_tokens=MAX_NEW)
+    messages = [{"role": "user", "content": PROMPTS[1]}]
+    first = engine.generate(messages, config)
+    messages += [
+        {"role": "assistant", "content": first.text},
+        {"role": "user", "content": "And of Italy?"},
+    ]
+    reused = engine.generate(messages, config)
+    engine.clear_cache()
+    cold = engine.generate(messages, config)
+    assert reused.token_ids == cold.token_ids
+    assert reused.stats.prefill_tokens < cold.stats.prefill_tokens / 2
+
+
 def test_load_models_checks_tokenizers():
     pair = load_models("smollm2-135m-instruct", "smollm2-135m-instruct", dtype="float32")
     assert pair.target.tokenizer.get_vocab() == pair.draft.tokenizer.get_vocab()

@@ -12,10 +12,10 @@ from tiny import TinyTokenizer, perturbed, tiny_model
 
 from specpilot.config import GenerationConfig, SamplingConfig
 from specpilot.drafting import ModelDrafter, NgramDrafter
-from specpilot.drafting.base import common_prefix_length
 from specpilot.engine import SpeculativeEngine
 from specpilot.errors import ConfigError
 from specpilot.models.decoder import DecoderRunner
+from specpilot.models.synced_cache import common_prefix_length
 from specpilot.models.vocab import DraftVocabulary
 from specpilot.policies import ConstantPolicy, HeuristicPolicy, SvipPolicy
 
@@ -111,7 +111,7 @@ def test_last_running_row_drafts_in_its_own_slot(target_model, draft_model):
     drafter = engine.drafter
     for slot, (prompt, result) in enumerate(zip(prompts, results, strict=True)):
         sequence = prompt + result.token_ids
-        cached = drafter.cache.cached[slot]
+        cached = drafter.runner.cached.slots[slot]
         assert common_prefix_length(cached, sequence) >= len(sequence) - (k + 1), slot
         assert drafter.runner.slot_lengths[slot][-1] == len(cached)
 

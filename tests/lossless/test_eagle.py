@@ -104,7 +104,7 @@ def test_drafter_cache_equals_a_fresh_catch_up(model):
         [sequence[:-1]], [0], logits="none", tap_layers=fresh.feature_layers
     )
     taps = torch.cat([out[0].taps[k] for k in fresh.feature_layers], dim=-1)
-    fresh.take_features(0, 0, taps)
+    fresh.take_features(0, 0, taps, sequence[:-1])
     fresh.propose([sequence], [0], [1], [ConstantPolicy(1)], GenerationConfig().sampling, [None])
     n = len(sequence) - 1
     assert state.fed == fresh.slots[0].fed == n

@@ -171,4 +171,4 @@ def test_cache_after_generation_equals_fresh_prefill(target_model, reference):
     torch.testing.assert_close(
         runner.v_cache[:, 0, :, :n], fresh.v_cache[:, 0, :, :n], rtol=1e-4, atol=1e-5
     )
-    assert drafter.runner.length == len(drafter.cache.cached[0])
+    assert drafter.runner.length == len(drafter.runner.cached.slots[0])

@@ -12,6 +12,7 @@ from specpilot.config import SamplingConfig
 from specpilot.drafting import ModelDrafter
 from specpilot.errors import ConfigError
 from specpilot.models.decoder import DecoderRunner
+from specpilot.models.synced_cache import CachedTokens
 from specpilot.policies import DraftToken, SvipPolicy
 from specpilot.registry import make_draft_policy
 
@@ -59,12 +60,15 @@ class ScriptedRunner:
     def __init__(self, entropies: list[float]):
         self.entropies = entropies
         self.length = 0
+        self.cached = CachedTokens(1)
 
     def reset(self):
         self.length = 0
+        self.cached.clear()
 
     def rollback(self, length, layers=None, slot=0):
         self.length = min(self.length, length)
+        self.cached.trim(slot, length)
 
     def forward(self, ids, logits="all"):
         self.length += len(ids)

@@ -86,6 +86,10 @@ class EngineMethod:
         self.engine = build_engine(models, drafter, policy, drafter_options, **options)
 
     def run(self, conversations, config: GenerationConfig) -> list[list[TurnRun]]:
+        # Cold start: methods share runners and run the same prompts back to back, so without
+        # this every method but the first would find the prompt cached. Turns after the first
+        # still reuse their conversation's prefix, as in serving.
+        self.engine.clear_cache()
         results = answer_conversations(self.engine, conversations, config)
         runs: list[list[TurnRun]] = [[] for _ in conversations]
         for t in range(max(len(r) for r in results)):

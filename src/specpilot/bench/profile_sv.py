@@ -53,7 +53,7 @@ class IndicatorRecorder:
         self.sampling = SamplingConfig()
 
     def reset(self) -> None:
-        self.companion.reset()
+        pass
 
     def select(self, sequences, proposals: list[Proposal], slots, sampling) -> list[int]:
         self.sampling = sampling

@@ -20,7 +20,9 @@ from specpilot.types import Proposal
 
 class Drafter(Protocol):
     def reset(self) -> None:
-        """Forget any per-request state (called before each request)."""
+        """Forget per-request state (called before each request). Not the caches: a runner
+        records which tokens its slots hold (models.synced_cache), so the next request keeps
+        whatever prefix it shares with them, e.g. the earlier turns of a conversation."""
 
     def propose(
         self,
@@ -39,21 +41,8 @@ class Drafter(Protocol):
     #   observe(slot, proposal, target_logits, num_accepted)
     # which the engine calls after verifying `proposal` (the verified prefix) of that slot,
     #   summary() -> str | None   a line on what it has learned so far (None: nothing to report)
-    #   save(path)                 write what it has learned,
-    # and a drafter that shares work with the verifier (DVI's shallow cache) defines
-    #   verifier(target_runner) -> runner   the runner the engine verifies through.
-
-
-def common_prefix_length(a: list[int], b: list[int]) -> int:
-    """Length of the longest common prefix (C-speed when one is a prefix of the other)."""
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    lo, hi = 0, n  # a[:lo] == b[:lo] and a[:hi] != b[:hi]
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
+    #   save(path)                 write what it has learned;
+    # a drafter that shares work with the verifier (DVI's shallow cache) defines
+    #   verifier(target_runner) -> runner   the runner the engine verifies through;
+    # and a drafter (or verify policy) with a model of its own defines
+    #   clear_cache()              empty that model's cache (SpeculativeEngine.clear_cache).

@@ -32,6 +32,7 @@ from specpilot.config import SamplingConfig, require
 from specpilot.drafting.dynamic_tree import DynamicTree, ancestor_mask, grow
 from specpilot.drafting.eagle_head import EagleHead
 from specpilot.errors import ConfigError
+from specpilot.models.synced_cache import common_prefix_length
 from specpilot.policies.base import DraftPolicy, DraftToken
 from specpilot.sampling import logits_to_probs, sample
 from specpilot.types import Proposal
@@ -41,21 +42,20 @@ TREE_CAPACITY = 1024
 
 
 class _Slot:
-    """One cache slot's head state: fed pairs, pending features, the draft cache."""
+    """One cache slot's head state: the target's fused features, the pairs fed, the cache."""
 
     def __init__(self, head: EagleHead, max_length: int, dtype, device):
         s = head.shape
         shape = (s.num_kv_heads, max_length + TREE_CAPACITY, s.head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.features = torch.zeros(max_length, s.hidden_size, dtype=dtype, device=device)
+        self.count = 0
+        """Positions 0..count − 1 have target features."""
         self.fed = 0
-        """Committed pairs in the cache (positions 0..fed − 1)."""
-        self.pending = torch.zeros(0, s.hidden_size, dtype=dtype, device=device)
-        """Fused target features of positions fed..fed + len(pending) − 1."""
-
-    @property
-    def features(self) -> int:
-        return self.fed + self.pending.shape[0]
+        """Pairs in the cache (positions 0..fed − 1); fed <= count."""
+        self.tokens: list[int] = []
+        """The tokens at positions 0..count − 1 (what the features were computed on)."""
 
 
 class EagleDrafter:
@@ -85,29 +85,42 @@ class EagleDrafter:
         self.feature_layers = head.shape.feature_layers
         self.default_budget = depth
         self.slots: list[_Slot] = []
-        self.reset()
+        self.clear_cache()
 
     def reset(self) -> None:
-        self.slots = [
-            _Slot(self.head, self.target.max_length, self.target.dtype, self.target.device)
-            for _ in range(self.target.batch_size)
-        ]
+        """Nothing per request: a slot's features and cache are reused as far as the next
+        request's prompt agrees with them (`reusable`)."""
+
+    def clear_cache(self) -> None:
+        if len(self.slots) != self.target.batch_size:
+            self.slots = [
+                _Slot(self.head, self.target.max_length, self.target.dtype, self.target.device)
+                for _ in range(self.target.batch_size)
+            ]
+        for state in self.slots:  # stale keys/values past `fed` are never read
+            state.count = state.fed = 0
+            state.tokens = []
+
+    def reusable(self, slot: int, sequence: list[int]) -> int:
+        """How many leading positions of `sequence` this slot holds features for: the engine
+        keeps no more of the target's cache (whose forwards would have given them)."""
+        state = self.slots[slot]
+        return min(common_prefix_length(state.tokens, sequence), state.count)
 
     # -- features from the engine -----------------------------------------------------------
     @torch.inference_mode()
-    def take_features(self, slot: int, start: int, taps: torch.Tensor) -> None:
-        """The target committed positions start..start + n − 1 of `slot` with these taps
-        ([n, layers · hidden]); anything the slot held from `start` on is forgotten."""
+    def take_features(self, slot: int, start: int, taps: torch.Tensor, tokens: list[int]) -> None:
+        """The target committed `tokens` at positions start..start + n − 1 of `slot` with these
+        taps ([n, layers · hidden]); anything the slot held from `start` on is replaced."""
         state = self.slots[slot]
-        if start < state.fed:
-            state.fed = start
-            state.pending = state.pending[:0]
-        keep = start - state.fed
-        if keep > state.pending.shape[0]:
-            raise RuntimeError(
-                f"slot {slot}: features jump from position {state.features} to {start}"
-            )
-        state.pending = torch.cat([state.pending[:keep], self.head.fuse(taps)])
+        if start > state.count:
+            raise RuntimeError(f"slot {slot}: features jump from position {state.count} to {start}")
+        n = taps.shape[0]
+        state.features[start : start + n] = self.head.fuse(taps)
+        state.count = start + n
+        # The pair at position t also embeds token t + 1, which may change from `start` on.
+        state.fed = min(state.fed, max(start - 1, 0))
+        state.tokens[start:] = tokens
 
     # -- drafting ----------------------------------------------------------------------------
     @torch.inference_mode()
@@ -128,17 +141,19 @@ class EagleDrafter:
             if budget <= 0:
                 proposals.append(Proposal([]))
                 continue
-            if self.slots[slot].features == 0:  # a one-token prompt: no target feature yet
+            state = self.slots[slot]
+            if state.count > len(sequence) - 1:  # a reused prefix (`reusable`): drop the rest
+                state.count = len(sequence) - 1
+                del state.tokens[state.count :]
+            if state.count == 0:  # a one-token prompt: no target feature yet
                 proposals.append(Proposal([]))
                 continue
-            root = self._catch_up(self.slots[slot], sequence, slot)
+            root = self._catch_up(state, sequence, slot)
             depth = min(self.depth, budget)
             if self.topk == 1:
-                proposal = self._chain(
-                    self.slots[slot], sequence, root, depth, policy, sampling, generator
-                )
+                proposal = self._chain(state, sequence, root, depth, policy, sampling, generator)
             else:
-                proposal = self._tree(self.slots[slot], sequence, root, depth, policy)
+                proposal = self._tree(state, sequence, root, depth, policy)
             proposals.append(
                 Proposal(
                     proposal.tokens,
@@ -155,17 +170,19 @@ class EagleDrafter:
         return F.embedding(ids, self.target.embed)
 
     def _catch_up(self, state: _Slot, sequence: list[int], slot: int) -> torch.Tensor:
-        """Feed the committed pairs not yet in the cache; return the last one's output [h]."""
-        if state.features != len(sequence) - 1 or state.pending.shape[0] == 0:
+        """Feed the committed pairs not yet in the cache (at least the last one, whose output
+        drafts the next token); return that last output [1, h]."""
+        if state.count != len(sequence) - 1:
             raise RuntimeError(
-                f"slot {slot}: the eagle drafter holds features of {state.features} positions "
-                f"(fed {state.fed}) but the sequence has {len(sequence)} tokens; the engine must "
-                "pass the target's taps after every prefill and verification"
+                f"slot {slot}: the eagle drafter holds features of {state.count} positions but "
+                f"the sequence has {len(sequence)} tokens; the engine must pass the target's taps "
+                "after every prefill and verification"
             )
-        fed, n = state.fed, state.pending.shape[0]
+        fed = state.fed = min(state.fed, state.count - 1)
+        n = state.count - fed
         positions = torch.arange(fed, fed + n, device=self.target.device)
         out, k, v = self.head.block(
-            state.pending,
+            state.features[fed : fed + n],
             self._embed(sequence[fed + 1 : fed + n + 1]),
             self.target.cos[positions],
             self.target.sin[positions],
@@ -174,8 +191,7 @@ class EagleDrafter:
         )
         state.k[:, fed : fed + n] = k
         state.v[:, fed : fed + n] = v
-        state.fed += n
-        state.pending = state.pending[:0]
+        state.fed = state.count
         return out[-1:]
 
     def _step(self, state: _Slot, hidden, tokens: list[int], depth_position: int, used: int, mask):

@@ -25,7 +25,7 @@ from specpilot.drafting.chains import draft_chains
 from specpilot.drafting.dvi_head import DraftHead
 from specpilot.errors import ConfigError
 from specpilot.models.decoder import DecoderRunner
-from specpilot.models.synced_cache import SyncedCache
+from specpilot.models.synced_cache import sync
 from specpilot.models.vocab import DraftVocabulary
 from specpilot.policies.base import DraftPolicy
 from specpilot.types import Proposal
@@ -90,7 +90,6 @@ class LayerSplitDrafter:
             self.target = SharedShallowTarget(target, self)
         else:
             self.shallow = target.early_exit(self.split)
-            self.cache = SyncedCache(self.shallow)
             self.target = target
         self.blocks: dict[int, DraftedBlock] = {}
 
@@ -113,15 +112,16 @@ class LayerSplitDrafter:
 
     def reset(self) -> None:
         self.blocks = {}
-        if not self.share_cache:
-            self.cache.reset()
+
+    def clear_cache(self) -> None:
+        self.shallow.reset()  # the target itself when sharing its cache
 
     def _shallow(self, feeds: list[list[int]], slots: list[int]) -> list[torch.Tensor]:
         """Run the first `split` layers over each row's tokens; per row its h_k rows."""
         outs = self.shallow.run_batch(feeds, slots, end_layer=self.split, logits="none")
-        if not self.share_cache:
+        if not self.share_cache:  # its own early-exit cache, every layer fed
             for feed, slot in zip(feeds, slots, strict=True):
-                self.cache.fed(feed, slot)
+                self.shallow.cached.add(slot, feed)
         return [out.hidden for out in outs]
 
     def propose(
@@ -139,7 +139,9 @@ class LayerSplitDrafter:
         if self.share_cache:
             feeds = [sequence[-1:] for sequence in sequences]
         else:
-            feeds = [self.cache.sync(seq, slot) for seq, slot in zip(sequences, slots, strict=True)]
+            feeds = [
+                sync(self.shallow, seq, slot) for seq, slot in zip(sequences, slots, strict=True)
+            ]
         hidden: list[list[torch.Tensor]] = [[] for _ in sequences]
 
         def score(rows: list[int], row_feeds: list[list[int]]) -> torch.Tensor:

@@ -1,8 +1,9 @@
 """An independent draft model (a smaller model sharing the target's tokenizer).
 
-The draft cache follows the committed sequence through a SyncedCache (one slot per batch row): a
-proposal feeds whatever of the sequence is not yet cached (the last committed token, or also an
-accepted last draft token plus the bonus), then drafts one token per forward.
+The draft cache follows the committed sequence by prefix reuse (one slot per batch row,
+models.synced_cache): a proposal feeds whatever of the sequence is not yet cached (the last
+committed token, an accepted last draft token plus the bonus, or a new turn of a conversation),
+then drafts one token per forward.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from specpilot.drafting.chains import draft_chains
 from specpilot.drafting.dynamic_tree import DynamicTree, ancestor_mask, grow
 from specpilot.errors import ConfigError
 from specpilot.models.runner import CausalRunner
-from specpilot.models.synced_cache import SyncedCache
+from specpilot.models.synced_cache import sync
 from specpilot.models.vocab import DraftVocabulary
 from specpilot.policies.base import DraftPolicy
 from specpilot.types import Proposal
@@ -51,10 +52,12 @@ class ModelDrafter:
         self.branches = branches
         self.topk, self.nodes = topk, nodes
         self.head = None if vocabulary is None else vocabulary.head(runner.lm_head)
-        self.cache = SyncedCache(runner)
 
     def reset(self) -> None:
-        self.cache.reset()
+        pass
+
+    def clear_cache(self) -> None:
+        self.runner.reset()
 
     def propose(
         self,
@@ -75,14 +78,15 @@ class ModelDrafter:
                 )
             ]
         feeds = [
-            self.cache.sync(sequence, slot) for sequence, slot in zip(sequences, slots, strict=True)
+            sync(self.runner, sequence, slot)
+            for sequence, slot in zip(sequences, slots, strict=True)
         ]
 
         def score(rows: list[int], row_feeds: list[list[int]]) -> torch.Tensor:
             row_slots = [slots[j] for j in rows]
             outs = self.runner.forward_batch(row_feeds, row_slots, "last", self.head)
             for feed, slot in zip(row_feeds, row_slots, strict=True):
-                self.cache.fed(feed, slot)
+                self.runner.cached.add(slot, feed)
             return torch.cat(outs)
 
         return draft_chains(

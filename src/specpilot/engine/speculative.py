@@ -4,8 +4,14 @@ One loop serves every method: plain decoding is the same loop with no drafter (e
 zero drafted tokens and emits the target's own token, through the same runner and sampler), and
 adaptive methods plug in as drafters and policies without touching this file.
 
-Invariant: after every step the target cache holds exactly len(sequence) − 1 positions; the last
-committed token is fed at the start of the next step together with the drafted tokens.
+Invariant: after every step the target cache holds exactly len(sequence) − 1 positions, and the
+runner's record of the slot (models.synced_cache) lists them; the last committed token is fed at
+the start of the next step together with the drafted tokens.
+
+Prefix reuse: a request keeps whatever its cache slot holds of its prompt and prefills only the
+rest: the next turn of a conversation feeds only the new turn (and the end of the last answer),
+and prompts sharing a system prompt share its keys/values. Drafters reuse their caches the same
+way. `clear_cache` starts from nothing, for cold-start timing.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from specpilot.engine.stopping import StopChecker
 from specpilot.errors import ConfigError, PromptError
 from specpilot.models.chat import Messages, encode_prompt
 from specpilot.models.runner import CausalRunner
+from specpilot.models.synced_cache import sync
 from specpilot.policies.base import DraftPolicy, VerifyPolicy
 from specpilot.policies.draft import ConstantPolicy
 from specpilot.policies.verify import VerifyAll
@@ -143,22 +150,30 @@ class SpeculativeEngine:
                 "load the models with a larger batch_size"
             )
         start = time.perf_counter()
-        self.target.reset()
-        slots = list(range(len(prompt_ids)))
         for plug in (self.drafter, self.draft_policy, self.verify_policy):
             if plug is not None:
                 plug.reset()
-        _, features = self._target_forward([ids[:-1] for ids in prompt_ids], slots, "none")
-        for slot, slot_features in zip(slots, features, strict=True):
+        slots = list(range(len(prompt_ids)))
+        # A drafter that reads the target's features can reuse no more than it has features for
+        # (another engine may have used the target's cache since).
+        reusable = getattr(self.drafter, "reusable", None)
+        for slot, ids in zip(slots, prompt_ids, strict=True):
+            if reusable is not None:
+                self.target.rollback(reusable(slot, ids), slot=slot)
+        feeds = [sync(self.target, ids, slot)[:-1] for slot, ids in enumerate(prompt_ids)]
+        _, features = self._target_forward(feeds, slots, "none")
+        for feed, slot, ids, slot_features in zip(feeds, slots, prompt_ids, features, strict=True):
+            self.target.cached.add(slot, feed)
             if slot_features is not None:
-                self.drafter.take_features(slot, 0, slot_features)
+                self.drafter.take_features(slot, len(ids) - 1 - len(feed), slot_features, feed)
         prefill_s = time.perf_counter() - start
         rows = [
             _Row(slot, ids, self._stopper(config), self._row_policy(slot), config.seed)
             for slot, ids in zip(slots, prompt_ids, strict=True)
         ]
-        for row in rows:
+        for row, feed in zip(rows, feeds, strict=True):
             row.stats.prefill_s = prefill_s
+            row.stats.prefill_tokens = len(feed)
         active = rows
         while active:
             for row in active:
@@ -217,14 +232,17 @@ class SpeculativeEngine:
             if observe is not None:  # an online learner learns from the chain
                 chain = proposal.truncated(proposal.chain_length)
                 observe(row.slot, chain, row_logits, result.chain_accepted)
-            if row_features is not None:  # the root and the accepted path stay committed
-                path = result.path or tuple(range(result.num_accepted))
-                kept = row_features[[0, *(1 + i for i in path)]]
-                self.drafter.take_features(row.slot, len(row.sequence) - 1, kept)
             if result.path is not None:
                 self.target.keep_path(row.slot, len(row.sequence) - 1, result.path)
+            held = len(row.sequence) - 1
             emitted = row.commit(result.emitted(proposal.tokens))
             self.target.rollback(len(row.sequence) - 1, slot=row.slot)
+            self.target.cached.add(row.slot, row.sequence[held:-1])
+            if row_features is not None:  # the root and the accepted path stay committed
+                committed = row.sequence[held:-1]
+                path = result.path or tuple(range(result.num_accepted))
+                kept = [0, *(1 + i for i in path)][: len(committed)]
+                self.drafter.take_features(row.slot, held, row_features[kept], committed)
             record = StepRecord(
                 num_drafted=num_drafted,
                 num_verified=proposal.depth,
@@ -244,6 +262,15 @@ class SpeculativeEngine:
                 on_tokens(row.slot, emitted)
             if row.reason is None and len(row.sequence) >= self.target.max_length:
                 row.reason = "length"
+
+    def clear_cache(self) -> None:
+        """Forget every cached prefix (target, drafter and verify-policy models), so the next
+        request prefills its whole prompt: for cold-start measurements."""
+        self.target.reset()
+        for plug in (self.drafter, self.verify_policy):
+            clear = getattr(plug, "clear_cache", None)  # plugs with a model of their own
+            if clear is not None:
+                clear()
 
     def _target_forward(self, rows, slots, logits: str, trees=None):
         """One target forward over every row's new tokens: per row its logits and, for a

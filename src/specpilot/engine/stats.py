@@ -23,6 +23,9 @@ class GenerationStats:
     draft_s: float = 0.0
     verify_s: float = 0.0
     prefill_s: float = 0.0
+    prefill_tokens: int = 0
+    """Prompt tokens fed before the first step: all but the last, less the prefix its cache
+    slot already held (prefix reuse)."""
     total_s: float = 0.0
     drafted_per_position: list[int] = field(default_factory=list)
     accepted_per_position: list[int] = field(default_factory=list)
@@ -54,6 +57,7 @@ class GenerationStats:
             for record in part.records:
                 total.add(record)
             total.prefill_s += part.prefill_s
+            total.prefill_tokens += part.prefill_tokens
             total.total_s += part.total_s
         return total
 

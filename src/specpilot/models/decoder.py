@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 from specpilot.errors import PromptError
 from specpilot.models.runner import LogitRows, RunnerOutput
+from specpilot.models.synced_cache import CachedTokens
 from specpilot.tree import tree_depths, tree_mask
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
@@ -122,6 +123,7 @@ class DecoderRunner:
         self.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.slot_lengths = [[0] * self.num_layers for _ in range(batch_size)]
+        self.cached = CachedTokens(batch_size)
 
     def early_exit(self, num_layers: int) -> DecoderRunner:
         """The first `num_layers` layers, then this model's final norm and LM head: a cheap
@@ -173,9 +175,11 @@ class DecoderRunner:
         lengths = self.slot_lengths[slot]
         for i in layers if layers is not None else range(self.num_layers):
             lengths[i] = min(lengths[i], length)
+        self.cached.trim(slot, length)
 
     def reset(self) -> None:
         self.slot_lengths = [[0] * self.num_layers for _ in range(self.batch_size)]
+        self.cached.clear()
 
     # -- math --------------------------------------------------------------------------------
     def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

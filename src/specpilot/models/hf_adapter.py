@@ -8,8 +8,9 @@ Rollback: `DynamicCache.crop` takes the absolute length to keep in transformers 
 negative count of tokens to drop in 5.x; a negative count means the same in both. Sliding-window
 layers normally keep only the last window, which a rollback would need to restore: the cache
 records past states (transformers 5) and trims them at each crop, so a rollback may go back to
-the length of the last crop but not further. Full-attention caches roll back
-anywhere; recurrent-state layers (linear attention, SSMs) cannot roll back at all.
+the length of the last crop but not further (`cached.floors`, so prefix reuse starts over
+rather than go below it). Full-attention caches roll back anywhere; recurrent-state layers
+(linear attention, SSMs) cannot roll back at all: their floor is always the current length.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from transformers.cache_utils import DynamicLayer
 
 from specpilot.errors import ConfigError, PromptError
 from specpilot.models.runner import LogitRows
+from specpilot.models.synced_cache import CachedTokens
 
 
 class HFRunner:
@@ -34,6 +36,7 @@ class HFRunner:
         self.vocab_size = hf_model.get_output_embeddings().weight.shape[0]
         self.dtype = hf_model.dtype
         self.device = hf_model.device
+        self.cached = CachedTokens(1)
         self.reset()
 
     @property
@@ -46,28 +49,32 @@ class HFRunner:
         if length == 0:
             self.reset()
             return
-        layers = self.cache.layers
-        if not all(getattr(layer, "is_croppable", True) for layer in layers):
+        if not self._croppable():
             raise ConfigError(
                 f"{type(self.model).__name__} keeps a recurrent state that cannot be rolled back, "
                 "so speculative decoding cannot serve it: decode without a drafter"
             )
-        if length < self._floor:
+        floors = self.cached.floors
+        if length < floors[0]:
             raise RuntimeError(
                 f"cannot roll back to {length}: windowed layers keep positions from "
-                f"{self._floor} on (module docstring)"
+                f"{floors[0]} on (module docstring)"
             )
         self.cache.crop(length - self._length)
         self._length = length
-        if not all(type(layer) is DynamicLayer for layer in layers):
-            self._floor = length
+        self.cached.trim(0, length)
+        if not all(type(layer) is DynamicLayer for layer in self.cache.layers):
+            floors[0] = length
+
+    def _croppable(self) -> bool:
+        return all(getattr(layer, "is_croppable", True) for layer in self.cache.layers)
 
     def reset(self) -> None:
         self.cache = DynamicCache(config=self.model.config)
         if hasattr(self.cache, "activate_past_recording"):  # transformers 5: windows can crop
             self.cache.activate_past_recording()
         self._length = 0
-        self._floor = 0
+        self.cached.clear()
 
     @torch.inference_mode()
     def forward(self, input_ids: list[int], logits: LogitRows = "all") -> torch.Tensor | None:
@@ -89,6 +96,8 @@ class HFRunner:
         )
         self.cache = out.past_key_values
         self._length += n
+        if not self._croppable():
+            self.cached.floors[0] = self._length
         return None if logits == "none" else out.logits[0].float()
 
     def forward_batch(

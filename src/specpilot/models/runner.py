@@ -3,9 +3,10 @@
 A runner owns the KV cache of one sequence per slot (`batch_size` slots; `forward` uses slot 0).
 `forward` appends n tokens after the cached ones and returns logits for the rows asked for;
 `rollback(length)` forgets everything past `length` (static caches just lower the length; garbage
-past it is never read). The engine keeps the
-invariant: after a step, the target cache holds exactly len(sequence) − 1 positions (the last
-committed token is fed at the next step).
+past it is never read). `cached` records which tokens each slot holds, so later sequences reuse
+the longest common prefix (models.synced_cache). The engine keeps the invariant: after a step,
+the target cache holds exactly len(sequence) − 1 positions (the last committed token is fed at
+the next step), and its record lists them.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 import torch
+
+from specpilot.models.synced_cache import CachedTokens
 
 LogitRows = Literal["all", "last", "none"]
 
@@ -36,6 +39,8 @@ class CausalRunner(Protocol):
     batch_size: int
     dtype: torch.dtype
     device: torch.device
+    cached: CachedTokens
+    """Which tokens each slot holds; trimmed by `rollback`, cleared by `reset`."""
 
     @property
     def length(self) -> int:
@@ -53,4 +58,4 @@ class CausalRunner(Protocol):
         """Forget cached positions >= length (of one slot)."""
 
     def reset(self) -> None:
-        """Empty the cache."""
+        """Empty the cache (every slot)."""

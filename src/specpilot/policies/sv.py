@@ -31,7 +31,7 @@ import torch
 from specpilot.config import SamplingConfig
 from specpilot.errors import ConfigError
 from specpilot.models.runner import CausalRunner
-from specpilot.models.synced_cache import SyncedCache
+from specpilot.models.synced_cache import sync
 from specpilot.policies.goodput import VerifyLatency, allocate_batch, choose_length
 from specpilot.policies.sv_table import AcceptanceTable
 from specpilot.sampling import logits_to_probs
@@ -77,10 +77,7 @@ class Companion:
     whole batch; its cache follows the committed sequence like a draft model's."""
 
     def __init__(self, runner: CausalRunner):
-        self.cache = SyncedCache(runner)
-
-    def reset(self) -> None:
-        self.cache.reset()
+        self.runner = runner
 
     def score(
         self, sequences: list[list[int]], proposals: list[Proposal], slots: list[int]
@@ -88,12 +85,12 @@ class Companion:
         """Per row, [k, vocab] companion logits at the drafted positions (None when k = 0)."""
         feeds = []
         for sequence, proposal, slot in zip(sequences, proposals, slots, strict=True):
-            feed = self.cache.sync(sequence, slot) + proposal.tokens[:-1] if proposal.k else []
+            feed = sync(self.runner, sequence, slot) + proposal.tokens[:-1] if proposal.k else []
             feeds.append(feed)
-        outputs = self.cache.runner.forward_batch(feeds, slots, "all")
+        outputs = self.runner.forward_batch(feeds, slots, "all")
         scored = []
         for feed, proposal, slot, logits in zip(feeds, proposals, slots, outputs, strict=True):
-            self.cache.fed(feed, slot)
+            self.runner.cached.add(slot, feed)
             scored.append(None if logits is None else logits[-proposal.k :])
         return scored
 
@@ -124,7 +121,10 @@ class SvVerifyPolicy:
         )
 
     def reset(self) -> None:
-        self.companion.reset()
+        pass
+
+    def clear_cache(self) -> None:
+        self.companion.runner.reset()
 
     def acceptance(
         self,
