@@ -46,6 +46,8 @@ def make_engine(kind: str, target_model, draft_model, batch_size: int = 1) -> Sp
         drafter = None
     elif kind == "ngram":
         drafter = NgramDrafter()
+    elif kind == "model-dynamic":
+        drafter = ModelDrafter(DecoderRunner(draft_model, batch_size=batch_size), topk=3, nodes=8)
     elif kind.startswith("model"):
         branches = 3 if kind == "model-tree" else 1
         drafter = ModelDrafter(DecoderRunner(draft_model, batch_size=batch_size), None, branches)
@@ -82,7 +84,9 @@ def counting_runs(runner) -> list[int]:
     return counts
 
 
-KINDS = ["none", "ngram", "model", "model-tree", "dvi-shared", "dvi-own", "eagle"]
+KINDS = [
+    "none", "ngram", "model", "model-tree", "model-dynamic", "dvi-shared", "dvi-own", "eagle",
+]  # fmt: skip
 
 
 @pytest.mark.parametrize("kind", KINDS)

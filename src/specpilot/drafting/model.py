@@ -99,9 +99,9 @@ class ModelDrafter:
         if depth <= 0:
             return Proposal([])
         start = time.perf_counter()
-        feed = self.cache.sync(sequence, slot)
+        feed = sync(self.runner, sequence, slot)
         root = self.runner.forward_batch([feed], [slot], "last", self.head)[0][0]
-        self.cache.fed(feed, slot)
+        self.runner.cached.add(slot, feed)
         committed = len(sequence)
         tree = DynamicTree(self.topk, self.nodes)
 
