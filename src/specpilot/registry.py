@@ -14,6 +14,7 @@ from functools import partial
 from typing import Any
 
 from specpilot.drafting import ModelDrafter, NgramDrafter
+from specpilot.drafting.dynamic_tree import DEFAULT_DEPTH, DEFAULT_NODES, DEFAULT_TOPK
 from specpilot.errors import ConfigError
 from specpilot.models.vocab import DraftVocabulary
 from specpilot.policies import ConstantPolicy, HeuristicPolicy, SvipPolicy
@@ -124,7 +125,7 @@ def make_drafter(name: str, draft=None, target=None, **options: Any):
             vocabulary,
             _count(options.get("branches", 1)),
             _count(options.get("topk", 1), "topk"),
-            _count(options.get("nodes", 24), "nodes"),
+            _count(options.get("nodes", DEFAULT_NODES), "nodes"),
         )
     if name == "dvi":
         learner = None
@@ -143,9 +144,9 @@ def make_drafter(name: str, draft=None, target=None, **options: Any):
 def make_eagle_drafter(
     target,
     head: str | None = None,
-    depth: int | str = 6,
-    topk: int | str = 8,
-    nodes: int | str = 24,
+    depth: int | str = DEFAULT_DEPTH,
+    topk: int | str = DEFAULT_TOPK,
+    nodes: int | str = DEFAULT_NODES,
 ):
     """The feature drafter on the loaded `target`: `head` a `train-eagle` output folder or head
     folder (default: the head committed for this target); `topk` 1 drafts chains of `depth`,

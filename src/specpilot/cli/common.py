@@ -98,7 +98,7 @@ def add_method_arguments(parser: argparse.ArgumentParser) -> None:
         "committed for the target)",
     )
     parser.add_argument(
-        "--tree-depth", type=int, help="--drafter eagle: draft levels per step (default 6)"
+        "--tree-depth", type=int, help="--drafter eagle: draft levels per step (default 4)"
     )
     parser.add_argument(
         "--tree-topk",
@@ -107,7 +107,7 @@ def add_method_arguments(parser: argparse.ArgumentParser) -> None:
         "8; 1 drafts chains)",
     )
     parser.add_argument(
-        "--tree-nodes", type=int, help="--drafter eagle/model: tokens verified (default 24)"
+        "--tree-nodes", type=int, help="--drafter eagle/model: tokens verified (default 16)"
     )
 
 

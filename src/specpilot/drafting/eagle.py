@@ -29,7 +29,14 @@ import torch
 import torch.nn.functional as F
 
 from specpilot.config import SamplingConfig, require
-from specpilot.drafting.dynamic_tree import DynamicTree, ancestor_mask, grow
+from specpilot.drafting.dynamic_tree import (
+    DEFAULT_DEPTH,
+    DEFAULT_NODES,
+    DEFAULT_TOPK,
+    DynamicTree,
+    ancestor_mask,
+    grow,
+)
 from specpilot.drafting.eagle_head import EagleHead
 from specpilot.errors import ConfigError
 from specpilot.models.synced_cache import common_prefix_length
@@ -63,9 +70,9 @@ class EagleDrafter:
         self,
         target,
         head: EagleHead,
-        depth: int = 6,
-        topk: int = 8,
-        nodes: int = 24,
+        depth: int = DEFAULT_DEPTH,
+        topk: int = DEFAULT_TOPK,
+        nodes: int = DEFAULT_NODES,
     ):
         """`target`: the lean-decoder runner the head was trained on (its embedding, rotary
         tables and dtype are shared). topk 1 drafts chains."""

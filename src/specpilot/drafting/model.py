@@ -14,7 +14,7 @@ import torch
 
 from specpilot.config import SamplingConfig, require
 from specpilot.drafting.chains import draft_chains
-from specpilot.drafting.dynamic_tree import DynamicTree, ancestor_mask, grow
+from specpilot.drafting.dynamic_tree import DEFAULT_NODES, DynamicTree, ancestor_mask, grow
 from specpilot.errors import ConfigError
 from specpilot.models.runner import CausalRunner
 from specpilot.models.synced_cache import sync
@@ -30,7 +30,7 @@ class ModelDrafter:
         vocabulary: DraftVocabulary | None = None,
         branches: int = 1,
         topk: int = 1,
-        nodes: int = 24,
+        nodes: int = DEFAULT_NODES,
     ):
         """`vocabulary`: score only these ids (needs a runner with `run`/`logits_from_hidden`).
         `branches` > 1: propose trees, the draft's top `branches` first tokens (drafting.chains).

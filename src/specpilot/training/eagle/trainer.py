@@ -134,8 +134,7 @@ def train_eagle(
     )
     if state.get("optimizer"):
         optimizer.load_state_dict(state["optimizer"])
-    tokens_per_epoch = sum(len(s.response_ids) for s in train)
-    total_updates = math.ceil(config.epochs * tokens_per_epoch / config.batch_tokens)
+    total_updates = count_updates(train, config)
     schedule = _Schedule(config, total_updates)
     target_rows = runner.lm_head[head.draft_ids].contiguous()
     log = _Log(out / LOG_FILE, state["update"])
@@ -154,12 +153,7 @@ def train_eagle(
         while index < len(order):
             sample = train[order[index]]
             index += 1
-            feats = sequence_features(runner, sample, shape.feature_layers, target_rows)
-            with torch.autocast("cpu", dtype=torch.bfloat16):
-                result = unrolled_losses(
-                    head, feats.taps, feats.embeds, feats.target_logits, feats.loss_mask,
-                    feats.cos, feats.sin, config.unroll, config.step_decay,
-                )  # fmt: skip
+            result = sequence_loss(head, runner, sample, shape, config, target_rows)
             count = int(result.valid[0].sum())
             if count == 0:
                 continue
@@ -203,18 +197,40 @@ def train_eagle(
     return head
 
 
+def count_updates(train: list[Sample], config: EagleTrainConfig) -> int:
+    """Updates the run will take: whole sequences are accumulated until `batch_tokens` scored
+    positions (one per response token), in each epoch's shuffled order, so the learning-rate
+    schedule ends where training does."""
+    updates = 0
+    for epoch in range(config.epochs):
+        order = list(range(len(train)))
+        random.Random(config.seed + epoch).shuffle(order)
+        scored = 0
+        for i in order:
+            scored += len(train[i].response_ids)
+            if scored >= config.batch_tokens:
+                updates, scored = updates + 1, 0
+    return updates
+
+
+def sequence_loss(head, runner, sample, shape, config, target_rows):
+    """The target's features for one sample (a prefill), then the head's unrolled loss on them
+    (matrix products in bf16 where the CPU has it)."""
+    feats = sequence_features(runner, sample, shape.feature_layers, target_rows)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        return unrolled_losses(
+            head, feats.taps, feats.embeds, feats.target_logits, feats.loss_mask,
+            feats.cos, feats.sin, config.unroll, config.step_decay,
+        )  # fmt: skip
+
+
 @torch.inference_mode()
 def evaluate(head, runner, valid, shape, config, target_rows) -> dict:
     """Held-out first-token agreement (step 1) and teacher-forced chain accepted length."""
     head.eval()
     hits, count, taus = 0, 0, []
     for sample in valid:
-        feats = sequence_features(runner, sample, shape.feature_layers, target_rows)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            result = unrolled_losses(
-                head, feats.taps, feats.embeds, feats.target_logits, feats.loss_mask,
-                feats.cos, feats.sin, config.unroll, config.step_decay,
-            )  # fmt: skip
+        result = sequence_loss(head, runner, sample, shape, config, target_rows)
         n = int(result.valid[0].sum())
         if n:
             hits += int(result.correct[0].sum())
