@@ -1,4 +1,4 @@
-"""EAGLE-2's dynamic draft tree (Li et al. 2024, §4): expand the most promising nodes, rerank all.
+"""EAGLE-2's dynamic draft tree (Li et al. 2024): expand the most promising nodes, rerank all.
 
 Every node carries the cumulative log-probability of its path under the draft model, an
 estimate of the chance that the target accepts the whole path. Each expansion step scores the

@@ -17,7 +17,7 @@ output is the root's draft distribution. Then it drafts:
   verification treats each as one-hot: lossless under sampling as well.
 Draft-tree entries live past the committed pairs in the head's cache and are overwritten by the
 next catch-up. The row's DraftPolicy caps the depth (its budget) and may stop early after each
-level, judged on the best frontier node (SVIP's rule on trees, Table 4 setting of the LTD paper).
+level, judged on the best frontier node (SVIP's rule on trees, as LTD's Appendix A.1 applies it).
 """
 
 from __future__ import annotations
@@ -79,6 +79,11 @@ class EagleDrafter:
         require(depth >= 1, f"eagle depth must be >= 1, got {depth}")
         require(topk >= 1, f"eagle topk must be >= 1, got {topk}")
         require(nodes >= 1, f"eagle nodes must be >= 1, got {nodes}")
+        require(
+            (depth - 1) * topk <= TREE_CAPACITY,
+            f"a tree of depth {depth} and top-k {topk} feeds {(depth - 1) * topk} entries; the "
+            f"drafter's cache reserves {TREE_CAPACITY}: lower --tree-depth or --tree-topk",
+        )
         if not hasattr(target, "run_batch"):
             raise ConfigError(
                 "the eagle drafter reads the target's hidden states: serve the target with the "

@@ -1,4 +1,4 @@
-"""The feature drafter's head (EAGLE-3, Li et al. 2025, §3): one decoder block on the target's
+"""The feature drafter's head (EAGLE-3, Li et al. 2025): one decoder block on the target's
 own hidden states.
 
 Input at position t: the target's hidden states at three layers (low, middle, high) for token

@@ -1,8 +1,8 @@
 """Self-distillation data for the feature drafter: the target answers the training prompts.
 
-EAGLE-style drafters learn the target's own continuations (EAGLE-3 §4: regenerate responses with
-the target), so the data is the target's greedy answer to each training prompt, decoded by the
-project's own batched engine. Prompts come from training sets only: the benchmark sets
+EAGLE-style drafters learn the target's own continuations (EAGLE-3 trains on responses the
+target regenerated), so the data is the target's greedy answer to each training prompt, decoded
+by the project's own batched engine. Prompts come from training sets only: the benchmark sets
 (MT-Bench, HumanEval, GSM8K test) are refused by name, so no benchmark prompt is ever trained on.
 
 The output is one JSONL line per answered prompt (`id`, `source`, `prompt_ids`, `response_ids`,

@@ -1,4 +1,4 @@
-"""EAGLE-3's training objective with training-time test (Li et al. 2025, §3.2).
+"""EAGLE-3's training objective with training-time test (Li et al. 2025).
 
 For a sequence x_0..x_{T-1} with target taps f_t, the drafter's position t sees the pair
 (feature, embedding of x_{t+1}) and predicts the target's distribution p_{t+1} (over x_{t+2}).
