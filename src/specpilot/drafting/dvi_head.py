@@ -19,7 +19,6 @@ silently drafting garbage.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -30,6 +29,7 @@ from torch import nn
 
 from specpilot.config import require
 from specpilot.errors import ConfigError
+from specpilot.files import replace_folder
 from specpilot.models.decoder import DecoderRunner, _linear
 
 META_FILE = "specpilot_dvi.json"
@@ -207,18 +207,6 @@ def read_adapter(path: str | Path) -> AdapterInfo:
     except (OSError, ValueError, TypeError, KeyError) as error:
         raise _corrupt(folder, error) from None
     return AdapterInfo(folder, shape, lora)
-
-
-def replace_folder(tmp: Path, folder: Path) -> None:
-    """Move a finished temp folder to `folder`, replacing an older one (rename is atomic)."""
-    if folder.exists():
-        old = folder.with_name(folder.name + ".old")
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(folder, old)
-        os.replace(tmp, folder)
-        shutil.rmtree(old)
-    else:
-        os.replace(tmp, folder)
 
 
 def resolve_adapter(path: str | Path) -> Path:

@@ -35,8 +35,8 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from specpilot.config import require
-from specpilot.drafting.dvi_head import replace_folder
 from specpilot.errors import ConfigError
+from specpilot.files import replace_folder
 
 COMMITTED_HEADS = Path(__file__).resolve().parent.parent / "heads"
 """Heads shipped with the package, one folder per offline target name."""

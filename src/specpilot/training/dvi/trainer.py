@@ -21,10 +21,11 @@ from pathlib import Path
 import torch
 
 from specpilot.config import GenerationConfig, require
-from specpilot.drafting.dvi_head import LATEST_FILE, DraftHead, LoraSettings, replace_folder
+from specpilot.drafting.dvi_head import LATEST_FILE, DraftHead, LoraSettings
 from specpilot.drafting.layer_split import LayerSplitDrafter
 from specpilot.engine import SpeculativeEngine
 from specpilot.errors import ConfigError, PromptError
+from specpilot.files import replace_folder
 from specpilot.models import LoadedModel
 from specpilot.models.chat import encode_prompt, eos_token_ids
 from specpilot.models.vocab import DraftVocabulary
