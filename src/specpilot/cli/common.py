@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import MISSING, fields
 
 from specpilot.api import DEFAULT_DRAFT, DEFAULT_K, DEFAULT_TARGET, ModelPair, load_models
 from specpilot.config import GenerationConfig, SamplingConfig
@@ -189,3 +190,9 @@ def int_list(text: str) -> tuple[int, ...]:
         return tuple(int(part) for part in text.split(","))
     except ValueError:
         raise ConfigError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def dataclass_defaults(cls) -> dict:
+    """A config dataclass's field defaults, so a command's flags default to what the dataclass
+    says (one place sets them)."""
+    return {f.name: f.default for f in fields(cls) if f.default is not MISSING}

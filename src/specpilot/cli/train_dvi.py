@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import MISSING, fields
 
 from specpilot.api import DEFAULT_TARGET, load_models
-from specpilot.cli.common import VOCAB_CORPUS_HELP
+from specpilot.cli.common import VOCAB_CORPUS_HELP, dataclass_defaults
 from specpilot.models.loading import resolve_dtype
 from specpilot.training.dvi import DviTrainConfig
 from specpilot.training.dvi.trainer import TrainDviOptions, train_dvi
@@ -20,12 +19,8 @@ DEFAULT_TRAIN_PROMPTS = "../shared/data/sharegpt_sample.jsonl"
 DEFAULT_STEPS = 2000
 
 
-def _defaults(cls) -> dict:
-    return {f.name: f.default for f in fields(cls) if f.default is not MISSING}
-
-
 def register(commands) -> None:
-    config, options = _defaults(DviTrainConfig), _defaults(TrainDviOptions)
+    config, options = dataclass_defaults(DviTrainConfig), dataclass_defaults(TrainDviOptions)
     parser = commands.add_parser("train-dvi", help="train DVI's draft head online (KL→RL)")
     parser.add_argument("--target", default=DEFAULT_TARGET, help="model to self-speculate")
     parser.add_argument(

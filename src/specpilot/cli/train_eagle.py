@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import MISSING, fields
 from pathlib import Path
 
 from specpilot.api import DEFAULT_TARGET, load_models
+from specpilot.cli.common import dataclass_defaults
 from specpilot.drafting.eagle_head import EagleShape
 from specpilot.engine import SpeculativeEngine
 from specpilot.models.chat import eos_token_ids
@@ -32,7 +32,7 @@ def _int_tuple(text: str) -> tuple[int, ...]:
 
 
 def register(commands) -> None:
-    defaults = {f.name: f.default for f in fields(EagleTrainConfig) if f.default is not MISSING}
+    defaults = dataclass_defaults(EagleTrainConfig)
     parser = commands.add_parser(
         "train-eagle", help="train a feature-drafter head (EAGLE-3) for a target"
     )

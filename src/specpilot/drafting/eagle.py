@@ -40,6 +40,7 @@ from specpilot.drafting.dynamic_tree import (
 from specpilot.drafting.eagle_head import EagleHead
 from specpilot.errors import ConfigError
 from specpilot.models.synced_cache import common_prefix_length
+from specpilot.models.vocab import DraftVocabulary
 from specpilot.policies.base import DraftPolicy, DraftToken
 from specpilot.sampling import logits_to_probs, sample
 from specpilot.types import Proposal
@@ -92,7 +93,7 @@ class EagleDrafter:
         self.target = target
         self.head = copy.deepcopy(head).to(dtype=target.dtype, device=target.device).eval()
         self.head.requires_grad_(False)
-        self.draft_ids = self.head.draft_ids.tolist()
+        self.vocabulary = DraftVocabulary(self.head.draft_ids.cpu(), target.vocab_size)
         self.depth, self.topk, self.nodes = depth, topk, nodes
         self.feature_layers = head.shape.feature_layers
         self.default_budget = depth
@@ -237,8 +238,8 @@ class EagleDrafter:
             else:
                 row_probs = logits_to_probs(logits, sampling)
                 choice = sample(row_probs, generator)
-                probs.append(self._full_probs(row_probs))
-            token = self.draft_ids[choice]
+                probs.append(self.vocabulary.to_full_probs(row_probs))
+            token = self.vocabulary.to_full_id(choice)
             tokens.append(token)
             raw.append(logits)
             if not policy.continue_drafting(DraftToken(index, token, logits)):
@@ -252,10 +253,6 @@ class EagleDrafter:
             torch.stack(raw) if raw else None,
         )
 
-    def _full_probs(self, probs: torch.Tensor) -> torch.Tensor:
-        full = torch.zeros(self.target.vocab_size, dtype=probs.dtype, device=probs.device)
-        return full.index_copy_(0, self.head.draft_ids, probs)
-
     def _tree(self, state: _Slot, sequence: list[int], root, depth: int, policy) -> Proposal:
         tree = DynamicTree(self.topk, self.nodes)
         outputs = {-1: root[0]}
@@ -265,13 +262,13 @@ class EagleDrafter:
             allowed = ancestor_mask(tree, fed, frontier, state.fed)
             mask = torch.zeros(allowed.shape, dtype=self.target.dtype)
             mask = mask.masked_fill_(~allowed, float("-inf")).to(self.target.device)
-            tokens = [self.draft_ids[tree.tokens[i]] for i in frontier]
+            tokens = [self.vocabulary.to_full_id(tree.tokens[i]) for i in frontier]
             out = self._step(state, hidden, tokens, len(sequence) - 1 + level, len(fed), mask)
             outputs.update(zip(frontier, out, strict=True))
             return self.head.logits(out)
 
-        grow(tree, self.head.logits(root)[0], depth, policy, feed, self.draft_ids.__getitem__)
+        grow(tree, self.head.logits(root)[0], depth, policy, feed, self.vocabulary.to_full_id)
         if not tree.tokens:
             return Proposal([])
         tokens, parents = tree.select()
-        return Proposal([self.draft_ids[t] for t in tokens], None, 0.0, None, parents)
+        return Proposal([self.vocabulary.to_full_id(t) for t in tokens], None, 0.0, None, parents)

@@ -167,6 +167,10 @@ class EagleHead(nn.Module):
             draft_ids.numel() == shape.draft_vocab_size,
             f"draft id map has {draft_ids.numel()} ids, the shape says {shape.draft_vocab_size}",
         )
+        require(
+            bool((draft_ids[1:] > draft_ids[:-1]).all()),
+            "the draft id map must list distinct target ids in increasing order",
+        )
 
         def weight(rows: int, cols: int) -> nn.Parameter:
             w = torch.empty(rows, cols)

@@ -85,8 +85,8 @@ class DraftVocabulary:
 
     def to_full_probs(self, probs: torch.Tensor) -> torch.Tensor:
         """[subset] probabilities → [full_size], zero outside the subset."""
-        full = torch.zeros(self.full_size, dtype=probs.dtype)
-        return full.index_copy_(0, self.token_ids, probs)
+        full = torch.zeros(self.full_size, dtype=probs.dtype, device=probs.device)
+        return full.index_copy_(0, self.token_ids.to(probs.device), probs)
 
 
 def corpus_texts(path: str | Path) -> list[str]:
