@@ -61,6 +61,11 @@ def register(commands) -> None:
         help="draft vocabulary size (default: 32768 above 50k ids, else the whole vocabulary)",
     )
     parser.add_argument(
+        "--head-intermediate",
+        type=int,
+        help="the head's MLP width (default: the target's; narrower keeps a large head small)",
+    )
+    parser.add_argument(
         "--feature-layers",
         type=_int_tuple,
         help="tap layers, e.g. 2,14,25 (default: inputs of layers 2, L/2, L-3)",
@@ -101,7 +106,8 @@ def run(args: argparse.Namespace) -> int:
     )
     target = models.target
     shape = EagleShape.for_target(
-        target.runner, target.tokenizer, args.feature_layers, args.draft_vocab
+        target.runner, target.tokenizer, args.feature_layers, args.draft_vocab,
+        args.head_intermediate,
     )
     out = Path(args.out)
     write_run_config(out, {"target": args.target, **vars(args) | {"run": None}})

@@ -52,6 +52,8 @@ class EagleShape:
     model_type: str
     hidden_size: int
     intermediate_size: int
+    """The head's MLP width: the target's by default; narrower keeps a large target's head small
+    (its MLP then starts from the target's most important units)."""
     num_heads: int
     num_kv_heads: int
     head_dim: int
@@ -73,6 +75,7 @@ class EagleShape:
             all(1 <= k < self.num_layers for k in self.feature_layers),
             f"feature layers must lie in 1..{self.num_layers - 1}, got {self.feature_layers}",
         )
+        require(self.intermediate_size >= 1, "the head's MLP width must be >= 1")
         require(
             1 <= self.draft_vocab_size <= self.vocab_size,
             f"draft vocabulary must hold 1..{self.vocab_size} ids, got {self.draft_vocab_size}",
@@ -85,9 +88,10 @@ class EagleShape:
         tokenizer,
         feature_layers: tuple[int, ...] | None = None,
         draft_vocab_size: int | None = None,
+        intermediate_size: int | None = None,
     ) -> EagleShape:
         """The shape of a head for a lean-decoder target: default taps at the inputs of layers 2,
-        L/2 and L − 3 (low, middle, high)."""
+        L/2 and L − 3 (low, middle, high); default MLP width the target's."""
         config = runner.config
         num_layers = runner.num_layers
         if feature_layers is None:
@@ -95,7 +99,7 @@ class EagleShape:
         return cls(
             model_type=config.model_type,
             hidden_size=config.hidden_size,
-            intermediate_size=config.intermediate_size,
+            intermediate_size=intermediate_size or config.intermediate_size,
             num_heads=runner.num_heads,
             num_kv_heads=runner.num_kv_heads,
             head_dim=runner.head_dim,
@@ -109,16 +113,28 @@ class EagleShape:
         )
 
     def mismatch(self, other: EagleShape) -> str | None:
-        """The first field (other than the draft vocabulary) where a head's shape differs from a
-        target's, phrased for an error message; None if the head fits."""
+        """The first field (other than the head's own choices: draft vocabulary, taps, MLP width)
+        where a head's shape differs from a target's, phrased for an error message; None if the
+        head fits."""
         for f in fields(self):
-            if f.name in ("draft_vocab_size", "feature_layers"):
+            if f.name in ("draft_vocab_size", "feature_layers", "intermediate_size"):
                 continue
             mine, theirs = getattr(self, f.name), getattr(other, f.name)
             if mine != theirs:
                 what = "tokenizer" if f.name == "tokenizer_fingerprint" else f.name
                 return f"{what}: head {mine!r}, target {theirs!r}"
         return None
+
+
+def mlp_units(layer, keep: int) -> torch.Tensor:
+    """The `keep` MLP units of a target layer that move its output most (|gate|·|up|·|down|
+    column norms), in their original order: a narrower head starts from the target's main paths."""
+    width = layer.down.shape[1]
+    require(keep <= width, f"the head's MLP width {keep} exceeds the target's {width}")
+    gate_up = layer.gate_up.float()
+    score = gate_up[:width].norm(dim=1) * gate_up[width:].norm(dim=1)
+    score = score * layer.down.float().norm(dim=0)
+    return torch.sort(torch.topk(score, keep).indices).values
 
 
 def default_feature_layers(num_layers: int) -> tuple[int, ...]:
@@ -205,8 +221,10 @@ class EagleHead(nn.Module):
         self.o.copy_(last.o.float())
         self.post_norm.copy_(last.post_norm.float())
         self.hidden_norm.copy_(last.input_norm.float())
-        self.gate_up.copy_(last.gate_up.float())
-        self.down.copy_(last.down.float())
+        units = mlp_units(last, self.shape.intermediate_size)
+        width = last.down.shape[1]
+        self.gate_up.copy_(last.gate_up[torch.cat([units, units + width])].float())
+        self.down.copy_(last.down[:, units].float())
         self.final_norm.copy_(runner.final_norm.float())
         self.lm_head.copy_(runner.lm_head[self.draft_ids].float())
         self.fc.zero_()
