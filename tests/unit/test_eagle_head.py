@@ -7,10 +7,18 @@ import json
 
 import pytest
 import torch
-from eagle_fixtures import tiny_head, tiny_target
+from eagle_fixtures import WORDS, tiny_head, tiny_target
+from tiny import tiny_tokenizer
 
 from specpilot.drafting.dynamic_tree import DynamicTree
-from specpilot.drafting.eagle_head import CONFIG_FILE, WEIGHTS_FILE, EagleHead, resolve_head
+from specpilot.drafting.eagle_head import (
+    CONFIG_FILE,
+    WEIGHTS_FILE,
+    EagleHead,
+    EagleShape,
+    mlp_units,
+    resolve_head,
+)
 from specpilot.errors import ConfigError
 from specpilot.models.decoder import DecoderRunner
 from specpilot.tree import tree_depths
@@ -77,3 +85,22 @@ def test_dynamic_tree_keeps_the_best_nodes_with_their_ancestors():
     tree_depths(parents)  # parents precede children
     # best path first: 0 (0.6) → 0 (0.54); then 1 (0.3), 1→0 (0.15), 1→1 (0.15)
     assert tokens == [0, 0, 1, 0, 1] and parents == (-1, 0, -1, 2, 2)
+
+
+def test_a_narrower_head_starts_from_the_targets_strongest_mlp_units(runner, tmp_path):
+    """A head may be narrower than the target's MLP (to fit a large target's head in 100 MB);
+    it keeps the units that move the output most and still loads for the same target."""
+    tokenizer = tiny_tokenizer(WORDS[: runner.vocab_size - 4])
+    full = EagleShape.for_target(runner, tokenizer)
+    width = full.intermediate_size // 2
+    shape = EagleShape.for_target(runner, tokenizer, intermediate_size=width)
+    head = EagleHead(shape, torch.arange(runner.vocab_size))
+    head.init_from_target(runner)
+    last = runner.layers[-1]
+    units = mlp_units(last, width)
+    assert units.numel() == width and bool((units[1:] > units[:-1]).all())
+    torch.testing.assert_close(head.down, last.down[:, units].float())
+    assert head.gate_up.shape == (2 * width, shape.hidden_size)
+    assert shape.mismatch(full) is None  # the MLP width is the head's own choice
+    head.save(tmp_path / "head")
+    assert EagleHead.load(tmp_path / "head", expected=full).shape.intermediate_size == width
