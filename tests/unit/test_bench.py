@@ -204,3 +204,44 @@ def test_eagle_methods_in_bench(capsys, folders, tmp_path):
     assert code == 0, err
     rows = {r["method"]: r for r in json.loads(out.strip().splitlines()[-1])["results"]}
     assert rows[tree]["greedy_mismatches"] == rows[chain]["greedy_mismatches"] == 0
+
+
+def test_an_interrupted_bench_resumes_from_its_run_log(capsys, folders, tmp_path, monkeypatch):
+    """The raw runs of each finished prompt are logged beside the report: re-running the same
+    command measures only what is missing; a half-written line (a killed run) is dropped; another
+    configuration is refused rather than mixed in."""
+    import specpilot.bench.harness as harness
+
+    out_file = tmp_path / "report.json"
+    args = ("--method", "sd:k=3", "--repeats", "2", "--json-out", str(out_file))
+    assert bench(capsys, folders, *args)[0] == 0
+    full = json.loads(out_file.read_text())
+    log = tmp_path / "report.runs.jsonl"
+    lines = log.read_text().splitlines()
+    assert len(lines) == 1 + 3  # the key, then one line per prompt
+    log.write_text("\n".join(lines[:2]) + "\n" + lines[2][:50])  # killed while writing prompt 2
+    measured = []
+    real = harness.make_method
+
+    def counting(spec, models, hf_models):
+        method = real(spec, models, hf_models)
+        run = method.run
+
+        def counted(conversations, config):
+            measured.append(len(conversations))
+            return run(conversations, config)
+
+        method.run = counted
+        return method
+
+    monkeypatch.setattr(harness, "make_method", counting)
+    assert bench(capsys, folders, *args)[0] == 0
+    assert len(measured) == 2 + 2 * 2 * 2  # warm-up per method, then 2 prompts × 2 repeats each
+    resumed = json.loads(out_file.read_text())
+    assert resumed["complete"] and len(log.read_text().splitlines()) == 4
+    rows = {(r["method"], r["category"]): r for r in resumed["results"]}
+    old = {(r["method"], r["category"]): r for r in full["results"]}
+    assert rows[("ar", "all")]["new_tokens"] == old[("ar", "all")]["new_tokens"]
+    assert rows[("sd:k=3", "all")]["greedy_mismatches"] == 0
+    code, _, err = bench(capsys, folders, *args[:-2], "--json-out", str(out_file), "--limit", "1")
+    assert code == 2 and "another bench configuration" in err and "limit" in err

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from tqdm import tqdm
 
 from specpilot.bench.methods import MethodSpec, TurnRun, make_method
+from specpilot.bench.resume import RunLog
 from specpilot.config import GenerationConfig
 from specpilot.engine import GenerationStats
 from specpilot.prompts import PromptRecord
@@ -43,15 +44,15 @@ def run_methods(
     progress: bool = True,
     on_prompt_done: Callable[[dict[str, list[PromptRuns]]], None] | None = None,
     batch_size: int = 1,
+    log: RunLog | None = None,
 ) -> dict[str, list[PromptRuns]]:
     """Every method on every prompt; `on_prompt_done` sees the finished prompts after each one
     (bench.run rewrites its JSON report there, so an interrupted run keeps what it measured).
     With batch_size > 1, prompts are decoded in batches formed within each category (so each
-    category's throughput is measured on batches of its own prompts)."""
+    category's throughput is measured on batches of its own prompts). With a `log`, batches it
+    holds are taken from it and new ones are appended to it (bench.resume)."""
     methods = {spec.text: make_method(spec, models, hf_models) for spec in specs}
-    warm = GenerationConfig(max_new_tokens=8, sampling=config.sampling)
-    for method in methods.values():  # warm-up: caches, allocator, lazy init; not measured
-        method.run([records[0].turns[:1]] * min(batch_size, len(records)), warm)
+    finished = log.load() if log is not None else {}
     order = sorted(range(len(records)), key=lambda i: records[i].category)  # stable
     by_category: dict[str, list[int]] = {}
     for i in order:
@@ -61,18 +62,32 @@ def run_methods(
         for indices in by_category.values()
         for j in range(0, len(indices), batch_size)
     ]
+    if any(tuple(batch) not in finished for batch in batches):
+        warm = GenerationConfig(max_new_tokens=8, sampling=config.sampling)
+        for method in methods.values():  # warm-up: caches, allocator, lazy init; not measured
+            method.run([records[0].turns[:1]] * min(batch_size, len(records)), warm)
     results = {name: [PromptRuns(r) for r in records] for name in methods}
     bar = tqdm(
         total=len(batches) * repeats * len(methods), desc="bench", unit="run", disable=not progress
     )
     done: list[int] = []
     for batch in batches:
-        conversations = [records[i].turns for i in batch]
-        for _ in range(repeats):
-            for name, method in methods.items():
-                for i, runs in zip(batch, method.run(conversations, config), strict=True):
-                    results[name][i].runs.append(runs)
-                bar.update()
+        if tuple(batch) in finished:
+            for name, prompts in finished[tuple(batch)].items():
+                for i, repeat_runs in zip(batch, prompts, strict=True):
+                    results[name][i].runs = repeat_runs
+            bar.update(repeats * len(methods))
+        else:
+            conversations = [records[i].turns for i in batch]
+            for _ in range(repeats):
+                for name, method in methods.items():
+                    for i, runs in zip(batch, method.run(conversations, config), strict=True):
+                        results[name][i].runs.append(runs)
+                    bar.update()
+            if log is not None:
+                log.append(
+                    batch, {name: [results[name][i].runs for i in batch] for name in methods}
+                )
         done.extend(batch)
         if on_prompt_done is not None:
             finished = sorted(done)

@@ -14,6 +14,7 @@ from specpilot.api import ModelPair
 from specpilot.bench.harness import BASELINE, run_methods, summarize
 from specpilot.bench.methods import MethodSpec, parse_method
 from specpilot.bench.report import machine_info, memory_bandwidth_gbs
+from specpilot.bench.resume import RunLog, runs_path
 from specpilot.config import GenerationConfig, require
 from specpilot.errors import ConfigError
 from specpilot.prompts import PromptRecord, read_prompts_file
@@ -110,8 +111,9 @@ def run_bench(
     hf_models: dict | None = None,
 ) -> dict:
     """Measure every method on `records` and return the report; with `json_out` the report is
-    written there after every prompt (`complete` false until the end). `hf_models`: the
-    transformers copies the hf methods need (bench.methods.load_hf_models)."""
+    written there after every prompt (`complete` false until the end) and the raw runs are
+    logged beside it, so the same command resumes an interrupted run (bench.resume).
+    `hf_models`: the transformers copies the hf methods need (bench.methods.load_hf_models)."""
     document = {
         **rooflines(models),
         "config": {
@@ -146,12 +148,20 @@ def run_bench(
         progress=progress,
         on_prompt_done=write_partial,
         batch_size=settings.batch_size,
+        log=RunLog(runs_path(json_out), _log_key(document)) if json_out else None,
     )
     rows = summarize(results, config.sampling.greedy)
     document.update(complete=True, prompts_done=len(records), results=rows)
     if json_out:
         write_json(json_out, document)
     return document
+
+
+def _log_key(document: dict) -> dict:
+    """What must match for logged runs to join a report: the configuration and the machine
+    (CPU model, threads, torch); the measured bandwidth varies run to run and is left out."""
+    machine = {k: v for k, v in document["machine"].items() if k != "memory_bandwidth_gbs"}
+    return {"config": document["config"], "machine": machine}
 
 
 def write_report_plots(rows: list[dict], plots: str | None, json_out: str | None) -> list[Path]:
