@@ -279,10 +279,10 @@ def _start_or_resume(
     if (checkpoint / "state.pt").is_file():
         head = EagleHead.load(checkpoint / HEAD_DIR, expected=shape)
         state = torch.load(checkpoint / "state.pt", weights_only=False)
-        saved = state.get("config")
-        if saved is not None and saved != asdict(config):
+        saved, current = _training_settings(state.get("config")), _training_settings(asdict(config))
+        if saved is not None and saved != current:
             raise ConfigError(
-                f"{out} holds a run with other settings ({_diff(saved, asdict(config))}); "
+                f"{out} holds a run with other settings ({_diff(saved, current)}); "
                 "resume with the same options or use a new --out"
             )
         return head, state
@@ -290,6 +290,13 @@ def _start_or_resume(
     head = EagleHead(shape, ids)
     head.init_from_target(runner)
     return head, {"update": 0, "epoch": 0, "index": 0, "tokens": 0}
+
+
+def _training_settings(config: dict | None) -> dict | None:
+    """The settings a resumed run must share: all but how often it evaluates and saves."""
+    if config is None:
+        return None
+    return {k: v for k, v in config.items() if k not in ("eval_every", "save_every")}
 
 
 def _diff(saved: dict, current: dict) -> str:
