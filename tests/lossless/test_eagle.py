@@ -16,7 +16,7 @@ from test_engine_sampling import SAMPLINGS, VOCAB, chi_square_pvalue, exact_join
 from tiny import TinyTokenizer
 
 import specpilot.engine.speculative as speculative
-from specpilot.config import GenerationConfig
+from specpilot.config import GenerationConfig, SamplingConfig
 from specpilot.drafting.eagle import EagleDrafter
 from specpilot.engine import SpeculativeEngine
 from specpilot.models.decoder import DecoderRunner
@@ -97,7 +97,7 @@ def test_drafter_cache_equals_a_fresh_catch_up(model):
     drafter = engine.drafter
     state = drafter.slots[0]
     sequence = prompt + result.token_ids
-    drafter.propose([sequence], [0], [1], [ConstantPolicy(1)], GenerationConfig().sampling, [None])
+    drafter.propose([sequence], [0], [1], [ConstantPolicy(1)], [SamplingConfig()], [None])
     fresh_runner = DecoderRunner(model)
     fresh = EagleDrafter(fresh_runner, drafter.head, depth=1, topk=1, nodes=1)
     out = fresh_runner.run_batch(
@@ -105,7 +105,7 @@ def test_drafter_cache_equals_a_fresh_catch_up(model):
     )
     taps = torch.cat([out[0].taps[k] for k in fresh.feature_layers], dim=-1)
     fresh.take_features(0, 0, taps, sequence[:-1])
-    fresh.propose([sequence], [0], [1], [ConstantPolicy(1)], GenerationConfig().sampling, [None])
+    fresh.propose([sequence], [0], [1], [ConstantPolicy(1)], [SamplingConfig()], [None])
     n = len(sequence) - 1
     assert state.fed == fresh.slots[0].fed == n
     torch.testing.assert_close(state.k[:, :n], fresh.slots[0].k[:, :n])

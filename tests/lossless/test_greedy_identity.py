@@ -48,7 +48,7 @@ class ScriptedDrafter:
     def reset(self) -> None:
         pass
 
-    def propose(self, sequences, slots, budgets, policies, sampling, generators):
+    def propose(self, sequences, slots, budgets, policies, samplings, generators):
         (sequence,), (budget,) = sequences, budgets
         assert sequence == self.full[: len(sequence)], (
             "engine committed a token plain decoding would not"

@@ -164,8 +164,8 @@ def test_paper_rule_under_sampling_is_detected(monkeypatch):
 
     original = SvVerifyPolicy.acceptance
 
-    def acceptance(self, sequences, proposals, slots, sampling):
-        forecasts, realized = original(self, sequences, proposals, slots, sampling)
+    def acceptance(self, sequences, proposals, slots, samplings):
+        forecasts, realized = original(self, sequences, proposals, slots, samplings)
         return realized, realized
 
     monkeypatch.setattr(SvVerifyPolicy, "acceptance", acceptance)

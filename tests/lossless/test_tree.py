@@ -93,7 +93,7 @@ class ScriptedTree:
     def reset(self) -> None:
         pass
 
-    def propose(self, sequences, slots, budgets, policies, sampling, generators):
+    def propose(self, sequences, slots, budgets, policies, samplings, generators):
         (sequence,), (budget,) = sequences, budgets
         chain = self.full[len(sequence) : len(sequence) + budget]
         wrong = [t for t in range(3, 8) if t != chain[0]][:2]

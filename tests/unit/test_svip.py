@@ -81,7 +81,7 @@ class ScriptedRunner:
 
 def propose_one(drafter: ModelDrafter, sequence: list[int], budget: int, policy: SvipPolicy):
     """A batch of one in cache slot 0, greedy."""
-    return drafter.propose([sequence], [0], [budget], [policy], SamplingConfig(), [None])[0]
+    return drafter.propose([sequence], [0], [budget], [policy], [SamplingConfig()], [None])[0]
 
 
 def test_keep_then_stop_and_at_least_one_token():

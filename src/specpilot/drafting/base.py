@@ -30,12 +30,13 @@ class Drafter(Protocol):
         slots: list[int],
         budgets: list[int],
         policies: list[DraftPolicy],
-        sampling: SamplingConfig,
+        samplings: list[SamplingConfig],
         generators: list[torch.Generator | None],
     ) -> list[Proposal]:
         """For each row j (in cache slot slots[j]): draft at most budgets[j] tokens after
         sequences[j] (budget 0: an empty proposal), asking policies[j] before and after each
-        token and drawing with generators[j]."""
+        token and drawing by samplings[j] with generators[j] (each request has its own decoding
+        rule)."""
 
     # Optional: a drafter that learns online (DVI) also defines
     #   observe(slot, proposal, target_logits, num_accepted)

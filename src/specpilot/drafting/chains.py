@@ -30,14 +30,14 @@ def draft_chains(
     feeds: list[list[int]],
     budgets: list[int],
     policies: list[DraftPolicy],
-    sampling: SamplingConfig,
+    samplings: list[SamplingConfig],
     generators: list[torch.Generator | None],
     vocabulary: DraftVocabulary | None = None,
     branches: int = 1,
 ) -> list[Proposal]:
-    """Draft a chain per row: greedy or sampled from the draft logits (over `vocabulary` if
-    given, reported over the full vocabulary), asking the row's policy before drawing each token
-    and after it; with `branches` > 1, a tree (module docstring)."""
+    """Draft a chain per row: greedy or sampled (samplings[j]) from the draft logits (over
+    `vocabulary` if given, reported over the full vocabulary), asking the row's policy before
+    drawing each token and after it; with `branches` > 1, a tree (module docstring)."""
     start = time.perf_counter()
     tokens: list[list[int]] = [[] for _ in feeds]
     probs: list[list[torch.Tensor]] = [[] for _ in feeds]
@@ -51,10 +51,10 @@ def draft_chains(
         for j, row_logits in zip(drafting, logits, strict=True):
             if not policies[j].admits(row_logits):
                 continue
-            if sampling.greedy:
+            if samplings[j].greedy:
                 index = int(row_logits.argmax())
             else:
-                row_probs = logits_to_probs(row_logits, sampling)
+                row_probs = logits_to_probs(row_logits, samplings[j])
                 index = sample(row_probs, generators[j])
                 probs[j].append(
                     row_probs if vocabulary is None else vocabulary.to_full_probs(row_probs)

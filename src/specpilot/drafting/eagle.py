@@ -143,12 +143,12 @@ class EagleDrafter:
         slots: list[int],
         budgets: list[int],
         policies: list[DraftPolicy],
-        sampling: SamplingConfig,
+        samplings: list[SamplingConfig],
         generators: list[torch.Generator | None],
     ) -> list[Proposal]:
         proposals = []
-        for sequence, slot, budget, policy, generator in zip(
-            sequences, slots, budgets, policies, generators, strict=True
+        for sequence, slot, budget, policy, sampling, generator in zip(
+            sequences, slots, budgets, policies, samplings, generators, strict=True
         ):
             start = time.perf_counter()
             if budget <= 0:

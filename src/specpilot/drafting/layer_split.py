@@ -130,7 +130,7 @@ class LayerSplitDrafter:
         slots: list[int],
         budgets: list[int],
         policies: list[DraftPolicy],
-        sampling: SamplingConfig,
+        samplings: list[SamplingConfig],
         generators: list[torch.Generator | None],
     ) -> list[Proposal]:
         start = time.perf_counter()
@@ -156,7 +156,7 @@ class LayerSplitDrafter:
             feeds,
             budgets,
             policies,
-            self.explore or sampling,
+            [self.explore or sampling for sampling in samplings],
             generators,
             self.vocabulary,
             self.branches,

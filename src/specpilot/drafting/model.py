@@ -65,7 +65,7 @@ class ModelDrafter:
         slots: list[int],
         budgets: list[int],
         policies: list[DraftPolicy],
-        sampling: SamplingConfig,
+        samplings: list[SamplingConfig],
         generators: list[torch.Generator | None],
     ) -> list[Proposal]:
         """Draft for every row at once: one draft forward per drafted position, over the rows
@@ -90,7 +90,7 @@ class ModelDrafter:
             return torch.cat(outs)
 
         return draft_chains(
-            score, feeds, budgets, policies, sampling, generators, self.vocabulary, self.branches
+            score, feeds, budgets, policies, samplings, generators, self.vocabulary, self.branches
         )
 
     def _tree(self, sequence: list[int], slot: int, depth: int, policy: DraftPolicy) -> Proposal:

@@ -41,7 +41,7 @@ class NgramDrafter:
         slots: list[int],
         budgets: list[int],
         policies: list[DraftPolicy],
-        sampling: SamplingConfig,
+        samplings: list[SamplingConfig],
         generators: list[torch.Generator | None],
     ) -> list[Proposal]:
         """Row by row: lookup is stateless and needs no model (slots and sampling unused)."""

@@ -12,20 +12,24 @@ Prefix reuse: a request keeps whatever its cache slot holds of its prompt and pr
 rest: the next turn of a conversation feeds only the new turn (and the end of the last answer),
 and prompts sharing a system prompt share its keys/values. Drafters reuse their caches the same
 way. `clear_cache` starts from nothing, for cold-start timing.
+
+Requests join and leave the batch between steps (engine.scheduler, continuous batching); this
+module holds the steps the scheduler runs: prefill newly admitted rows, and one decode step over
+every running row.
 """
 
 from __future__ import annotations
 
-import copy
+import functools
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 
-from specpilot.config import GenerationConfig
+from specpilot.config import GenerationConfig, SamplingConfig
 from specpilot.drafting.base import Drafter
-from specpilot.engine.stats import GenerationStats
+from specpilot.engine.request import GenerationResult, Request
+from specpilot.engine.scheduler import Scheduler
 from specpilot.engine.stopping import StopChecker
 from specpilot.errors import ConfigError, PromptError
 from specpilot.models.chat import Messages, encode_prompt
@@ -37,52 +41,6 @@ from specpilot.policies.verify import VerifyAll
 from specpilot.types import Proposal, StepRecord
 from specpilot.verify.rules import verify
 from specpilot.verify.tree import verify_tree
-
-
-@dataclass
-class GenerationResult:
-    token_ids: list[int]
-    """New tokens only (an EOS that ended generation included)."""
-    text: str
-    finish_reason: str
-    """"eos", "stop" (a stop string), "length" (max_new_tokens or the context end)."""
-    stats: GenerationStats
-
-
-class _Row:
-    """One request of a batch: its cache slot, tokens, stop rule, policy, randomness, stats."""
-
-    def __init__(
-        self, slot: int, prompt_ids: list[int], stopper: StopChecker, policy, seed: int
-    ) -> None:
-        self.slot = slot
-        self.prompt_ids = prompt_ids
-        self.generated: list[int] = []
-        self.sequence = prompt_ids
-        self.stopper = stopper
-        self.policy = policy
-        self.generator = torch.Generator().manual_seed(seed)
-        self.stats = GenerationStats()
-        self.reason: str | None = None
-
-    def room(self, config: GenerationConfig, max_length: int) -> int:
-        """Tokens this row may still emit (new-token limit and context end)."""
-        return min(config.max_new_tokens - len(self.generated), max_length - len(self.sequence) + 1)
-
-    def commit(self, emitted: list[int]) -> list[int]:
-        """Append a step's tokens, cut at a stop; return the tokens actually appended."""
-        checked = len(self.generated)
-        self.generated.extend(emitted)
-        keep, self.reason = self.stopper.cut(self.generated, checked)
-        del self.generated[keep:]
-        self.sequence = self.prompt_ids + self.generated
-        return emitted[: keep - checked]
-
-    def result(self, tokenizer) -> GenerationResult:
-        text = tokenizer.decode(self.generated, skip_special_tokens=True)
-        if self.reason == "stop":
-            text = self.stopper.trim_text(text)
-        return GenerationResult(self.generated, text, self.reason, self.stats)
 
 
 class SpeculativeEngine:
@@ -142,66 +100,69 @@ class SpeculativeEngine:
         rows give the tokens they give alone, unless a rule couples rows: SV's batch allocation
         or a DVI head learning on the batch; then only the target's distribution is preserved
         (docs/methods.md §1.3). `on_tokens(row, tokens)` streams."""
-        config = config or GenerationConfig()
-        prompt_ids = [self._encode(prompt) for prompt in prompts]
-        if not 1 <= len(prompt_ids) <= self.target.batch_size:
+        if not 1 <= len(prompts) <= self.target.batch_size:
             raise ConfigError(
-                f"a batch of {len(prompt_ids)} prompts needs 1..{self.target.batch_size} prompts; "
+                f"a batch of {len(prompts)} prompts needs 1..{self.target.batch_size} prompts; "
                 "load the models with a larger batch_size"
             )
-        start = time.perf_counter()
+        scheduler = Scheduler(self)
+        requests = [
+            scheduler.submit(
+                prompt, config, None if on_tokens is None else functools.partial(on_tokens, i)
+            )
+            for i, prompt in enumerate(prompts)
+        ]
+        scheduler.run()
+        return [request.result for request in requests]
+
+    # -- the scheduler's hooks (engine.scheduler drives the loop) ----------------------------
+    def _reset_plugs(self) -> None:
+        """Forget per-request state in the drafter and policies before a batch starts."""
         for plug in (self.drafter, self.draft_policy, self.verify_policy):
             if plug is not None:
                 plug.reset()
-        slots = list(range(len(prompt_ids)))
+
+    def _reusable(self, slot: int, request: Request) -> int:
+        """Leading prompt tokens `slot` holds for `request` (what its prefill can skip)."""
+        keep = self.target.cached.reusable(slot, request.prompt_ids[:-1])
+        reusable = getattr(self.drafter, "reusable", None)
+        return keep if reusable is None else min(keep, reusable(slot, request.prompt_ids))
+
+    def _prefill(self, rows: list[Request]) -> None:
+        """Feed the new rows' prompts (less what their slots hold) in one target forward, and
+        their features to a drafter that reads them."""
+        start = time.perf_counter()
+        slots = [row.slot for row in rows]
         # A drafter that reads the target's features can reuse no more than it has features for
         # (another engine may have used the target's cache since).
         reusable = getattr(self.drafter, "reusable", None)
-        for slot, ids in zip(slots, prompt_ids, strict=True):
-            if reusable is not None:
-                self.target.rollback(reusable(slot, ids), slot=slot)
-        feeds = [sync(self.target, ids, slot)[:-1] for slot, ids in enumerate(prompt_ids)]
+        if reusable is not None:
+            for row in rows:
+                self.target.rollback(reusable(row.slot, row.prompt_ids), slot=row.slot)
+        feeds = [sync(self.target, row.prompt_ids, row.slot)[:-1] for row in rows]
         _, features = self._target_forward(feeds, slots, "none")
-        for feed, slot, ids, slot_features in zip(feeds, slots, prompt_ids, features, strict=True):
-            self.target.cached.add(slot, feed)
+        for feed, row, slot_features in zip(feeds, rows, features, strict=True):
+            self.target.cached.add(row.slot, feed)
             if slot_features is not None:
-                self.drafter.take_features(slot, len(ids) - 1 - len(feed), slot_features, feed)
+                start_position = len(row.prompt_ids) - 1 - len(feed)
+                self.drafter.take_features(row.slot, start_position, slot_features, feed)
         prefill_s = time.perf_counter() - start
-        rows = [
-            _Row(slot, ids, self._stopper(config), self._row_policy(slot), config.seed)
-            for slot, ids in zip(slots, prompt_ids, strict=True)
-        ]
         for row, feed in zip(rows, feeds, strict=True):
             row.stats.prefill_s = prefill_s
             row.stats.prefill_tokens = len(feed)
-        active = rows
-        while active:
-            for row in active:
-                if row.room(config, self.target.max_length) <= 0:
-                    row.reason = "length"
-            running = [row for row in active if row.reason is None]
-            if running:
-                self._step(running, config, on_tokens)
-            now = time.perf_counter()
-            for row in active:
-                if row.reason is not None:
-                    row.stats.total_s = now - start
-            active = [row for row in active if row.reason is None]
-        return [row.result(self.tokenizer) for row in rows]
 
-    def _step(self, rows: list[_Row], config: GenerationConfig, on_tokens) -> None:
+    def _step(self, rows: list[Request]) -> None:
         """Draft → select → verify all rows in one target forward → commit each row."""
-        sampling = config.sampling
+        samplings = [row.config.sampling for row in rows]
         budgets = [
-            min(row.policy.draft_budget(), row.room(config, self.target.max_length) - 1)
-            for row in rows
+            min(row.policy.draft_budget(), row.room(self.target.max_length) - 1) for row in rows
         ]
         proposals = [Proposal([]) for _ in rows]
         if self.drafter is not None and any(budget > 0 for budget in budgets):
-            proposals = self._propose(rows, budgets, sampling)
+            proposals = self._propose(rows, budgets, samplings)
         drafted = [proposal.depth for proposal in proposals]
         counts = self.verify_policy.select(
-            [row.sequence for row in rows], proposals, [row.slot for row in rows], sampling
+            [row.sequence for row in rows], proposals, [row.slot for row in rows], samplings
         )
         proposals = [
             # A tree may hold more nodes than the context has room for (its chain never does).
@@ -217,10 +178,15 @@ class SpeculativeEngine:
             trees,
         )  # per row [k + 1, vocab]
         results = [
-            verify(p.tokens, p.draft_probs, row_logits, sampling, row.generator)
+            verify(p.tokens, p.draft_probs, row_logits, row.config.sampling, row.generator)
             if p.parents is None
             else verify_tree(
-                p.tokens, p.parents, p.draft_probs, row_logits, sampling, row.generator
+                p.tokens,
+                p.parents,
+                p.draft_probs,
+                row_logits,
+                row.config.sampling,
+                row.generator,
             )
             for row, p, row_logits in zip(rows, proposals, logits, strict=True)
         ]
@@ -258,8 +224,8 @@ class SpeculativeEngine:
             self.verify_policy.observe(record)
             for observer in self.observers:
                 observer(row.slot, proposal, row_logits, record)
-            if on_tokens is not None and emitted:
-                on_tokens(row.slot, emitted)
+            if row.on_tokens is not None and emitted:
+                row.on_tokens(emitted)
             if row.reason is None and len(row.sequence) >= self.target.max_length:
                 row.reason = "length"
 
@@ -294,20 +260,18 @@ class SpeculativeEngine:
             [out and torch.cat([out.taps[k] for k in layers], dim=-1) for out in outs],
         )
 
-    def _propose(self, rows: list[_Row], budgets: list[int], sampling) -> list[Proposal]:
+    def _propose(
+        self, rows: list[Request], budgets: list[int], samplings: list[SamplingConfig]
+    ) -> list[Proposal]:
         """Every row drafts in its own cache slot, however few rows are still running."""
         return self.drafter.propose(
             [row.sequence for row in rows],
             [row.slot for row in rows],
             budgets,
             [row.policy for row in rows],
-            sampling,
+            samplings,
             [row.generator for row in rows],
         )
-
-    def _row_policy(self, slot: int) -> DraftPolicy:
-        """Row 0 drives the engine's own policy object; other rows get fresh copies of it."""
-        return self.draft_policy if slot == 0 else copy.deepcopy(self.draft_policy)
 
     def _stopper(self, config: GenerationConfig) -> StopChecker:
         return StopChecker(

@@ -53,11 +53,11 @@ class VerifyPolicy(Protocol):
         sequences: list[list[int]],
         proposals: list[Proposal],
         slots: list[int],
-        sampling: SamplingConfig,
+        samplings: list[SamplingConfig],
     ) -> list[int]:
         """For each row of the batch (committed sequence, its proposal, its cache slot): how
         many leading drafted tokens the target verifies (0..k). Seeing the whole batch lets a
-        policy trade verification tokens between requests (SV); `sampling` is the request's
-        decoding rule (the distributions tokens are drawn from)."""
+        policy trade verification tokens between requests (SV); `samplings[j]` is row j's
+        decoding rule (the distributions its tokens are drawn from)."""
 
     def observe(self, record: StepRecord) -> None: ...

@@ -131,7 +131,7 @@ class SvVerifyPolicy:
         sequences: list[list[int]],
         proposals: list[Proposal],
         slots: list[int],
-        sampling: SamplingConfig,
+        samplings: list[SamplingConfig],
     ) -> tuple[list[list[float]], list[list[float]]]:
         """Per row and drafted token: the forecast p̄_i and the realised p_i (module docstring)."""
         if any(p.k and p.draft_logits is None for p in proposals):
@@ -140,7 +140,7 @@ class SvVerifyPolicy:
             raise ConfigError("SV sizes chains, not draft trees: use branches=1 with --policy sv")
         companion_logits = self.companion.score(sequences, proposals, slots)
         forecasts, realized = [], []
-        for proposal, logits in zip(proposals, companion_logits, strict=True):
+        for proposal, logits, sampling in zip(proposals, companion_logits, samplings, strict=True):
             if logits is None:
                 forecasts.append([])
                 realized.append([])
@@ -167,8 +167,8 @@ class SvVerifyPolicy:
         p = p.reshape(acceptance.shape).to(weights.dtype)
         return ((weights * p).sum(-1) / weights.sum(-1).clamp_min(1e-30)).tolist()
 
-    def select(self, sequences, proposals: list[Proposal], slots, sampling) -> list[int]:
-        forecasts, realized = self.acceptance(sequences, proposals, slots, sampling)
+    def select(self, sequences, proposals: list[Proposal], slots, samplings) -> list[int]:
+        forecasts, realized = self.acceptance(sequences, proposals, slots, samplings)
         if len(forecasts) == 1:
             return [choose_length(forecasts[0], self.latency, self.plus_one, realized[0])]
         return allocate_batch(forecasts, self.latency, realized, self.plus_one)

@@ -9,7 +9,7 @@ class VerifyAll:
     def reset(self) -> None:
         pass
 
-    def select(self, sequences, proposals: list[Proposal], slots, sampling) -> list[int]:
+    def select(self, sequences, proposals: list[Proposal], slots, samplings) -> list[int]:
         return [proposal.k for proposal in proposals]
 
     def observe(self, record: StepRecord) -> None:

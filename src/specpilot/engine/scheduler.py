@@ -1,0 +1,121 @@
+"""Continuous batching: requests join a running batch between steps and leave it the moment
+they finish, so a finished row's cache slot serves the next waiting request instead of idling
+until the whole batch ends.
+
+Each `step()` (1) retires cancelled requests, (2) admits waiting requests into free slots (each
+into the free slot holding the longest prefix of its prompt, so a conversation's next turn or a
+shared system prompt is not prefilled again) and prefills them together, (3) runs one engine
+step over every active row (draft → select → verify in one target forward, each row accepting
+its own number of tokens), (4) retires the rows that finished. `SpeculativeEngine.
+generate_batch` is this loop run to the end with every prompt admitted at once.
+
+Every row has its own config, stop rule, draft-policy copy and random generator, so a request's
+output does not depend on what it is batched with (greedy exactly, in float32; sampled: the same
+tokens for the same seed) unless a rule couples rows (SV's batch allocation, a DVI head learning
+online; docs/methods.md §1.3).
+
+Threads: `submit` and `Request.cancel` may be called from any thread; `step` from one thread
+only (the one driving the engine).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from specpilot.config import GenerationConfig
+from specpilot.engine.request import Request
+from specpilot.models.chat import Messages
+
+if TYPE_CHECKING:
+    from specpilot.engine.speculative import SpeculativeEngine
+
+
+class Scheduler:
+    def __init__(self, engine: SpeculativeEngine):
+        self.engine = engine
+        self.waiting: deque[Request] = deque()
+        self.active: list[Request] = []
+        self.free = list(range(engine.target.batch_size))
+
+    @property
+    def idle(self) -> bool:
+        return not self.waiting and not self.active
+
+    def submit(
+        self,
+        prompt: str | Messages | list[int],
+        config: GenerationConfig | None = None,
+        on_tokens: Callable[[list[int]], None] | None = None,
+        on_finish: Callable[[Request], None] | None = None,
+    ) -> Request:
+        """Queue a prompt (text and messages go through the chat template; token ids are used
+        as they are). `on_tokens(tokens)` streams each step's new tokens and
+        `on_finish(request)` reports the end, both from the thread calling `step`. Raises
+        PromptError for an empty or too long prompt."""
+        engine = self.engine
+        config = config or GenerationConfig()
+        request = Request(
+            engine._encode(prompt),
+            config,
+            engine._stopper(config),
+            engine.draft_policy,
+            on_tokens,
+            on_finish,
+        )
+        self.waiting.append(request)
+        return request
+
+    def run(self) -> None:
+        """Step until every submitted request has finished."""
+        while not self.idle:
+            self.step()
+
+    def step(self) -> list[Request]:
+        """Admit, decode one step, retire; return the requests that finished in this call."""
+        cancelled = [r for r in (*self.waiting, *self.active) if r.cancelled]
+        for request in cancelled:
+            request.reason = "cancelled"
+        self.waiting = deque(r for r in self.waiting if not r.cancelled)
+        finished = self._retire(cancelled)
+        self._admit()
+        max_length = self.engine.target.max_length
+        for row in self.active:
+            if row.room(max_length) <= 0:
+                row.reason = "length"
+        running = [row for row in self.active if row.reason is None]
+        if running:
+            self.engine._step(running)
+        return finished + self._retire([row for row in self.active if row.reason is not None])
+
+    def _retire(self, requests: list[Request]) -> list[Request]:
+        """Free the slots of finished requests and report their results."""
+        now = time.perf_counter()
+        for request in requests:
+            if request.slot is not None:
+                self.active.remove(request)
+                self.free.append(request.slot)
+                request.slot = None
+                request.stats.total_s = now - request.admitted_at
+            request.finish(self.engine.tokenizer)
+        return requests
+
+    def _admit(self) -> None:
+        """Move waiting requests into free slots and prefill them in one target forward."""
+        if not self.waiting or not self.free:
+            return
+        if not self.active:
+            self.engine._reset_plugs()  # a new batch starts: no row holds per-request state
+        admitted = []
+        while self.waiting and self.free:
+            request = self.waiting.popleft()
+            request.slot = max(self.free, key=lambda s: (self.engine._reusable(s, request), -s))
+            self.free.remove(request.slot)
+            admitted.append(request)
+        start = time.perf_counter()
+        self.engine._prefill(admitted)
+        for request in admitted:
+            request.admitted_at = start
+        self.active.extend(admitted)
