@@ -27,7 +27,7 @@ class GenerationResult:
     text: str
     finish_reason: str
     """"eos", "stop" (a stop string), "length" (max_new_tokens or the context end),
-    "cancelled" (Request.cancel)."""
+    "cancelled" (Request.cancel), "error" (the engine failed; Scheduler.abort)."""
     stats: GenerationStats
 
 

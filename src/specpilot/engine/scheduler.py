@@ -20,6 +20,7 @@ only (the one driving the engine).
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -39,6 +40,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.active: list[Request] = []
         self.free = list(range(engine.target.batch_size))
+        self._lock = threading.Lock()  # guards `waiting` against submitting threads
 
     @property
     def idle(self) -> bool:
@@ -65,7 +67,8 @@ class Scheduler:
             on_tokens,
             on_finish,
         )
-        self.waiting.append(request)
+        with self._lock:
+            self.waiting.append(request)
         return request
 
     def run(self) -> None:
@@ -75,11 +78,10 @@ class Scheduler:
 
     def step(self) -> list[Request]:
         """Admit, decode one step, retire; return the requests that finished in this call."""
-        cancelled = [r for r in (*self.waiting, *self.active) if r.cancelled]
-        for request in cancelled:
-            request.reason = "cancelled"
-        self.waiting = deque(r for r in self.waiting if not r.cancelled)
-        finished = self._retire(cancelled)
+        with self._lock:
+            cancelled = [r for r in (*self.waiting, *self.active) if r.cancelled]
+            self.waiting = deque(r for r in self.waiting if not r.cancelled)
+        finished = self._retire(cancelled, "cancelled")
         self._admit()
         max_length = self.engine.target.max_length
         for row in self.active:
@@ -90,10 +92,19 @@ class Scheduler:
             self.engine._step(running)
         return finished + self._retire([row for row in self.active if row.reason is not None])
 
-    def _retire(self, requests: list[Request]) -> list[Request]:
-        """Free the slots of finished requests and report their results."""
+    def abort(self) -> list[Request]:
+        """End every request with finish_reason "error" (the engine failed mid-step: the
+        caller should also `engine.clear_cache()`, as the slots' caches may be inconsistent)."""
+        with self._lock:
+            requests = [*self.waiting, *self.active]
+            self.waiting.clear()
+        return self._retire(requests, "error")
+
+    def _retire(self, requests: list[Request], reason: str | None = None) -> list[Request]:
+        """Free the slots of finished requests (ended for `reason` if given) and report them."""
         now = time.perf_counter()
         for request in requests:
+            request.reason = reason or request.reason
             if request.slot is not None:
                 self.active.remove(request)
                 self.free.append(request.slot)
@@ -110,12 +121,13 @@ class Scheduler:
             self.engine._reset_plugs()  # a new batch starts: no row holds per-request state
         admitted = []
         while self.waiting and self.free:
-            request = self.waiting.popleft()
+            with self._lock:
+                request = self.waiting.popleft()
             request.slot = max(self.free, key=lambda s: (self.engine._reusable(s, request), -s))
             self.free.remove(request.slot)
             admitted.append(request)
         start = time.perf_counter()
-        self.engine._prefill(admitted)
         for request in admitted:
             request.admitted_at = start
         self.active.extend(admitted)
+        self.engine._prefill(admitted)
