@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import socket
+import subprocess
+import sys
 import time
 
 import httpx
@@ -297,3 +300,48 @@ def test_an_engine_failure_is_a_500_and_the_server_goes_on(server, client, monke
         client.completions.create(model=MODEL, prompt="w5 w6", temperature=0)
     answer = client.completions.create(model=MODEL, prompt="w5 w6", temperature=0, max_tokens=3)
     assert answer.usage.completion_tokens >= 1
+
+
+def test_the_serve_command_serves(pair, tmp_path):
+    """`specpilot serve` as a user starts it (a subprocess), then a request and a clean stop."""
+    target, draft = pair
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    argv = [sys.executable, "-m", "specpilot.cli", "serve", "--target", target, "--draft", draft]
+    argv += ["--dtype", "float32", "--max-length", "128", "--max-batch", "2", "--k", "3"]
+    argv += ["--port", str(port), "--model-name", MODEL, "--max-new-tokens", "4"]
+    log = open(tmp_path / "serve.log", "w")  # noqa: SIM115
+    process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(url + "/health").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert process.poll() is None and time.monotonic() < deadline, (
+                tmp_path / "serve.log"
+            ).read_text()
+            time.sleep(0.2)
+        client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
+        answer = client.completions.create(model=MODEL, prompt="w5 w6", temperature=0)
+        assert answer.usage.completion_tokens <= 4
+    finally:
+        process.terminate()
+        status = process.wait(timeout=30)
+        log.close()
+    # uvicorn shuts down cleanly, then re-raises the signal it caught
+    output = (tmp_path / "serve.log").read_text()
+    assert status in (0, -signal.SIGTERM) and "Application shutdown complete" in output, output
+
+
+@pytest.mark.parametrize(
+    "flags,message",
+    [(["--max-batch", "0"], "--batch-size"), (["--max-queue", "-1"], "--max-queue")],
+)
+def test_serve_flags_are_checked_before_loading(flags, message, capsys):
+    assert main(["serve", "--target", "no-such-model", *flags]) == 2
+    assert message in capsys.readouterr().err

@@ -130,3 +130,29 @@ def dvi_learning_curves(logs: list[Path], labels: list[str], path: Path, window:
     ax.set_ylabel(f"batch acceptance rate ({window}-step mean)")
     _finish(fig, ax, path)
     return path
+
+
+def serve_load_plot(report: dict, path: Path) -> Path:
+    """bench-serve: throughput, time to first token and time per output token against
+    concurrency."""
+    levels = report["levels"]
+    x = [level["concurrency"] for level in levels]
+    fig, axes = plt.subplots(1, 3, figsize=(13, 4))
+    axes[0].plot(x, [level["tokens_per_s"] for level in levels], marker="o", label="tokens/s")
+    axes[0].set_ylabel("output tokens/s (all requests)")
+    for ax, metric, label in (
+        (axes[1], "ttft", "time to first token (ms)"),
+        (axes[2], "tpot", "time per output token (ms)"),
+    ):
+        for p in (50, 90, 99):
+            ax.plot(x, [level[f"{metric}_p{p}_ms"] for level in levels], marker="o", label=f"p{p}")
+        ax.set_ylabel(label)
+    for ax in axes:
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrent requests")
+        ax.legend(fontsize=7)
+    fig.suptitle(f"{report['model']} at {report['config']['url']}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

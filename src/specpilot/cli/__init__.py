@@ -18,6 +18,8 @@ from specpilot.errors import SpecpilotError
 
 COMMANDS = (
     "generate",
+    "serve",
+    "bench_serve",
     "train_dvi",
     "train_eagle",
     "plot_dvi",

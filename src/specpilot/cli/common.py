@@ -7,11 +7,18 @@ import argparse
 import sys
 from dataclasses import MISSING, fields
 
-from specpilot.api import DEFAULT_DRAFT, DEFAULT_K, DEFAULT_TARGET, ModelPair, load_models
+from specpilot.api import (
+    DEFAULT_DRAFT,
+    DEFAULT_K,
+    DEFAULT_TARGET,
+    ModelPair,
+    build_engine,
+    load_models,
+)
 from specpilot.config import GenerationConfig, SamplingConfig
 from specpilot.errors import ConfigError
 from specpilot.models.loading import resolve_dtype
-from specpilot.registry import DRAFTERS, POLICIES
+from specpilot.registry import DRAFTERS, POLICIES, make_draft_policy
 
 DEFAULT_POLICY = "constant"
 BATCH_HELP = "prompts decoded together (each row accepts its own number of tokens per step)"
@@ -160,6 +167,26 @@ def policy_options(args: argparse.Namespace) -> dict[str, str]:
     elif args.companion or args.sv_profile:
         raise ConfigError("--companion and --sv-profile belong to --policy sv")
     return options
+
+
+def engine_builder(args: argparse.Namespace, learn: bool = False):
+    """Check the method flags (drafter, policy and their options) before any model is loaded;
+    return the draft model to load (None when the drafter needs none) and `build(models)`,
+    which makes the engine."""
+    options = policy_options(args)
+    if args.policy == "sv":
+        from specpilot.policies.sv import read_sv_profile
+
+        read_sv_profile(options.get("sv_profile"))
+        policy, sv_options = "sv", options
+    else:
+        policy, sv_options = make_draft_policy(args.policy, **options), {}
+    methods = drafter_options(args, learn=learn)
+
+    def build(models: ModelPair):
+        return build_engine(models, args.drafter, policy, methods, **sv_options)
+
+    return (args.draft if args.drafter == "model" else None), build
 
 
 def generation_config(args: argparse.Namespace, stop: tuple[str, ...] = ()) -> GenerationConfig:

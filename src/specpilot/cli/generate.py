@@ -6,22 +6,19 @@ import argparse
 import json
 import sys
 
-from specpilot.api import build_engine
 from specpilot.cli.common import (
     BATCH_HELP,
     add_method_arguments,
     add_model_arguments,
     batch_size,
-    drafter_options,
+    engine_builder,
     generation_config,
     load_from_args,
-    policy_options,
 )
 from specpilot.config import GenerationConfig
 from specpilot.engine import GenerationStats
 from specpilot.errors import ConfigError
 from specpilot.prompts import PromptRecord, answer_conversations, read_prompts_file
-from specpilot.registry import make_draft_policy
 
 MAX_NEW_TOKENS_HELP = (
     "at most N new tokens per answer (default %(default)s); an answer ends earlier at the "
@@ -47,29 +44,18 @@ def register(commands) -> None:
 
 def run(args: argparse.Namespace) -> int:
     config = generation_config(args, tuple(args.stop))
-    options = policy_options(args)
-    if args.policy == "sv":  # validate before loading
-        from specpilot.policies.sv import read_sv_profile
-
-        read_sv_profile(options.get("sv_profile"))
-        policy = "sv"
-    else:
-        policy = make_draft_policy(args.policy, **options)
+    draft, build = engine_builder(args, learn=args.learn)
     if args.prompts_file:
         records = read_prompts_file(args.prompts_file)
     elif args.prompt is not None:
         records = [PromptRecord(0, (args.prompt,))]
     else:
         raise ConfigError("give --prompt TEXT or --prompts-file FILE.jsonl")
-    draft = args.draft if args.drafter == "model" else None
-    dvi_options = drafter_options(args, learn=args.learn)
     if args.dvi_save and not args.learn:
         raise ConfigError("--dvi-save saves the head that --learn trains: add --learn")
     size = batch_size(args.batch_size)
     models = load_from_args(args, draft, size)
-    engine = build_engine(
-        models, args.drafter, policy, dvi_options, **(options if policy == "sv" else {})
-    )
+    engine = build(models)
     for first in range(0, len(records), size):
         group = records[first : first + size]
         streamer = None

@@ -1,0 +1,64 @@
+"""`specpilot serve`: an OpenAI-compatible HTTP server with continuous batching (specpilot.serve).
+
+The decoding flags are generate's; --temperature, --top-p, --top-k and --max-new-tokens are the
+defaults for requests that leave those fields out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from specpilot.cli.common import (
+    add_method_arguments,
+    add_model_arguments,
+    batch_size,
+    engine_builder,
+    generation_config,
+    load_from_args,
+)
+from specpilot.config import require
+
+MAX_NEW_TOKENS_HELP = "max_tokens of requests that give none (default %(default)s)"
+
+
+def register(commands) -> None:
+    parser = commands.add_parser(
+        "serve", help="serve an OpenAI-compatible API (continuous batching, SSE streaming)"
+    )
+    add_model_arguments(parser, 512, MAX_NEW_TOKENS_HELP)
+    add_method_arguments(parser)
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument(
+        "--max-batch",
+        type=int,
+        default=8,
+        help="requests decoded together: the KV cache holds one slot each (default %(default)s)",
+    )
+    parser.add_argument(
+        "--max-queue",
+        type=int,
+        default=256,
+        help="requests waiting for a slot before new ones get 503 (default %(default)s)",
+    )
+    parser.add_argument("--model-name", help="the `model` clients ask for (default: --target)")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from specpilot.serve import create_app
+
+    defaults = generation_config(args)
+    size = batch_size(args.max_batch)
+    require(args.max_queue >= 0, f"--max-queue must be >= 0, got {args.max_queue}")
+    require(0 <= args.port <= 65535, f"--port must be in 0..65535, got {args.port}")
+    draft, build = engine_builder(args)
+    engine = build(load_from_args(args, draft, size))
+    name = args.model_name or args.target
+    app = create_app(engine, name, defaults, args.max_queue)
+    print(f"serving {name!r} on http://{args.host}:{args.port}/v1", file=sys.stderr)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="info")
+    return 0
