@@ -50,15 +50,16 @@ class IndicatorRecorder:
         self.s: list[float] = []
         self.a: list[float] = []
         self.alpha: list[float] = []
-        self.sampling = SamplingConfig()
+        self.samplings: dict[int, SamplingConfig] = {}
+        """Each slot's decoding rule in the step being verified."""
 
     def reset(self) -> None:
         pass
 
-    def select(self, sequences, proposals: list[Proposal], slots, sampling) -> list[int]:
-        self.sampling = sampling
+    def select(self, sequences, proposals: list[Proposal], slots, samplings) -> list[int]:
+        self.samplings = dict(zip(slots, samplings, strict=True))
         scored = self.companion.score(sequences, proposals, slots)
-        for proposal, logits in zip(proposals, scored, strict=True):
+        for proposal, logits, sampling in zip(proposals, scored, samplings, strict=True):
             if logits is not None:
                 draft_probs = indicator_probs(proposal.draft_logits, sampling)
                 s, a = indicators(draft_probs, indicator_probs(logits, sampling), proposal.tokens)
@@ -70,18 +71,19 @@ class IndicatorRecorder:
         pass
 
     def record_alpha(
-        self, _slot: int, proposal: Proposal, target_logits: torch.Tensor, _record: StepRecord
+        self, slot: int, proposal: Proposal, target_logits: torch.Tensor, _record: StepRecord
     ) -> None:
         """α for each drafted token of a verified step ([k + 1, vocab] target logits)."""
         if not proposal.k:
             return
         tokens = torch.tensor(proposal.tokens)
         rows = target_logits[: proposal.k]
-        if self.sampling.greedy:
+        sampling = self.samplings[slot]
+        if sampling.greedy:
             alpha = (rows.argmax(-1) == tokens).float()
         else:
-            draft_probs = indicator_probs(proposal.draft_logits, self.sampling)
-            target_probs = indicator_probs(rows, self.sampling)
+            draft_probs = indicator_probs(proposal.draft_logits, sampling)
+            target_probs = indicator_probs(rows, sampling)
             alpha = acceptance_ratio(target_probs, draft_probs, tokens[:, None])[:, 0]
         self.alpha.extend(alpha.tolist())
 

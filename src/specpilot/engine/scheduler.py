@@ -92,6 +92,12 @@ class Scheduler:
             self.engine._step(running)
         return finished + self._retire([row for row in self.active if row.reason is not None])
 
+    def cancel_all(self) -> None:
+        """Cancel every queued and running request (they end at the next step)."""
+        with self._lock:
+            for request in [*self.waiting, *self.active]:
+                request.cancel()
+
     def abort(self) -> list[Request]:
         """End every request with finish_reason "error" (the engine failed mid-step: the
         caller should also `engine.clear_cache()`, as the slots' caches may be inconsistent)."""

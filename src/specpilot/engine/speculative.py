@@ -117,8 +117,9 @@ class SpeculativeEngine:
 
     # -- the scheduler's hooks (engine.scheduler drives the loop) ----------------------------
     def _reset_plugs(self) -> None:
-        """Forget per-request state in the drafter and policies before a batch starts."""
-        for plug in (self.drafter, self.draft_policy, self.verify_policy):
+        """Forget per-request state in the drafter and verify policy before a batch starts
+        (each request resets its own draft-policy copy)."""
+        for plug in (self.drafter, self.verify_policy):
             if plug is not None:
                 plug.reset()
 

@@ -47,8 +47,6 @@ class EngineWorker:
 
     def stop(self) -> None:
         """Cancel what is queued or running and end the thread."""
-        for request in [*self.scheduler.waiting, *self.scheduler.active]:
-            request.cancel()
         self._stopping = True
         self._wake.set()
         if self._thread is not None:
@@ -71,6 +69,8 @@ class EngineWorker:
 
     def _run(self) -> None:
         while True:
+            if self._stopping:
+                self.scheduler.cancel_all()
             if self.scheduler.idle:
                 if self._stopping:
                     return
