@@ -20,7 +20,7 @@ import pytest
 from serve_fixtures import ServerThread, tiny_engine, tiny_pair
 
 from specpilot.cli import main
-from specpilot.config import GenerationConfig
+from specpilot.config import GenerationConfig, SamplingConfig
 from specpilot.serve import create_app
 
 MODEL = "tiny"
@@ -131,6 +131,8 @@ def test_stop_strings_and_seeded_sampling(server, client, solo):
         for _ in range(2)
     ]
     assert sampled[0] == sampled[1]
+    alone = GenerationConfig(MAX_NEW, SamplingConfig(temperature=1.0, top_p=0.9), seed=5)
+    assert sampled[0] == solo.generate(messages(prompt), alone).text
 
 
 def test_64_concurrent_greedy_requests_equal_solo_runs(server, solo):

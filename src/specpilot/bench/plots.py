@@ -149,6 +149,8 @@ def serve_load_plot(report: dict, path: Path) -> Path:
         ax.set_ylabel(label)
     for ax in axes:
         ax.set_xscale("log", base=2)
+        ax.set_xticks(x, [str(c) for c in x])
+        ax.minorticks_off()
         ax.set_xlabel("concurrent requests")
         ax.legend(fontsize=7)
     fig.suptitle(f"{report['model']} at {report['config']['url']}", fontsize=9)
