@@ -83,8 +83,8 @@ def add_method_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--companion",
-        help="SV companion: a model sharing the tokenizer, or early-exit:target:N / draft:N "
-        "(default: the one in --sv-profile)",
+        help="SV companion (--policy sv, or goodput with SV): a model sharing the tokenizer, or "
+        "early-exit:target:N / draft:N (default: the one in --sv-profile)",
     )
     parser.add_argument("--sv-profile", help="SV acceptance profile from `specpilot profile-sv`")
     parser.add_argument(
@@ -157,8 +157,11 @@ def policy_options(args: argparse.Namespace) -> dict[str, str]:
         options["k"] = str(args.k)
     if args.policy == "sv":
         options.update(sv_profile=args.sv_profile, companion=args.companion)
+    elif args.policy == "goodput":  # SV trims what the controller drafted
+        sv = {"sv_profile": args.sv_profile, "companion": args.companion}
+        options.update({key: value for key, value in sv.items() if value is not None})
     elif args.companion or args.sv_profile:
-        raise ConfigError("--companion and --sv-profile belong to --policy sv")
+        raise ConfigError("--companion and --sv-profile belong to --policy sv or goodput")
     return options
 
 

@@ -48,11 +48,12 @@ def register(commands) -> None:
 def run(args: argparse.Namespace) -> int:
     config = generation_config(args, tuple(args.stop))
     options = policy_options(args)
-    if args.policy == "sv":  # validate before loading
+    if args.policy in ("sv", "goodput"):  # built with the models; validate before loading
         from specpilot.policies.sv import read_sv_profile
 
-        read_sv_profile(options.get("sv_profile"))
-        policy = "sv"
+        if args.policy == "sv" or "sv_profile" in options or "companion" in options:
+            read_sv_profile(options.get("sv_profile"))
+        policy = args.policy
     else:
         policy = make_draft_policy(args.policy, **options)
     if args.prompts_file:
@@ -68,7 +69,11 @@ def run(args: argparse.Namespace) -> int:
     size = batch_size(args.batch_size)
     models = load_from_args(args, draft, size)
     engine = build_engine(
-        models, args.drafter, policy, dvi_options, **(options if policy == "sv" else {})
+        models,
+        args.drafter,
+        policy,
+        dvi_options,
+        **(options if policy in ("sv", "goodput") else {}),
     )
     for first in range(0, len(records), size):
         group = records[first : first + size]
