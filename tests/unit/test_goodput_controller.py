@@ -80,8 +80,7 @@ def test_plan_is_the_best_of_all_plans(joint):
         slope, step = rng.choice([1e-4, 2e-3, 1e-2]), rng.choice([0.0, 1e-3, 5e-3])
         c = controller(lambda n, s=slope: 0.01 + s * n, lambda u, d=step: d * u, joint=joint)
         forecasts = [
-            sorted((rng.random() for _ in range(rng.randint(0, 3))), reverse=True)
-            for _ in range(3)
+            sorted((rng.random() for _ in range(rng.randint(0, 3))), reverse=True) for _ in range(3)
         ]
         plan = c.best_plan(forecasts)
         best = max(

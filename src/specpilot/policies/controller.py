@@ -172,10 +172,14 @@ class GoodputController:
     def best_plan(self, forecasts: Sequence[Sequence[float]]) -> list[int]:
         """The budgets maximising G given each row's forecast a_1..a_cap: for every total n the
         best n positions are the first n in marginal_order, so scanning that order (per common
-        depth D for joint drafters) covers every candidate plan exactly."""
+        depth D for joint drafters) covers every candidate plan exactly. Plans feeding the
+        target more than twice the most tokens it was timed on are left out (the next step
+        measures further)."""
         rows = len(forecasts)
         other = statistics.median(self.other) if self.other else 0.0
-        items = list(marginal_order(forecasts))
+        # Beyond the largest size timed, T is a guess: go at most twice as far, then measure.
+        reach = (2 * self.verify.points()[-1][0] - rows) / self.fed_per_depth
+        items = list(marginal_order(forecasts))[: max(int(reach), rows)]
         order = [q for q, _, _ in items]
         gains = [gain for _, gain, _ in items]
         verify = [self.verify(rows + self.fed_per_depth * n) for n in range(len(order) + 1)]
