@@ -137,6 +137,7 @@ def make_goodput(
     sv_profile: str | None = None,
     companion: str | None = None,
     plus_one: bool | str = True,
+    **unknown,
 ) -> tuple[GoodputPolicy, GoodputController, SvVerifyPolicy | None]:
     """The goodput controller (policies.controller) and its rows' policy: rows draft up to
     `max_k` (default GOODPUT_MAX_K, or the drafter's own depth if less), remember their
@@ -144,6 +145,11 @@ def make_goodput(
     from the prior curve of `latency_profile` (a `specpilot profile` or `profile-sv` JSON;
     default: the SV profile if given, else the cached `specpilot profile` of this target and
     dtype, if any). With `sv_profile` (and `companion`) SV then trims what was drafted."""
+    if unknown:
+        raise ConfigError(
+            f"unknown goodput option(s) {', '.join(sorted(unknown))} (options: max_k, memory, "
+            "window, probe_gap, latency_profile, sv_profile, companion, plus_one)"
+        )
     try:
         depth = getattr(draft, "default_budget", None) or GOODPUT_MAX_K
         row = GoodputPolicy(

@@ -61,7 +61,7 @@ def make_drafter(kind: str, runner: DecoderRunner, target):
     return EagleDrafter(runner, tiny_head(runner), depth=4, topk=3 if kind == "eagle-tree" else 1)
 
 
-def engine_for(kind, target, policy, planner, batch_size=BATCH, verify_policy=None):
+def engine_for(kind, target, policy, planner, batch_size=BATCH):
     runner = DecoderRunner(target, batch_size=batch_size)
     drafter = make_drafter(kind, runner, target)
     verifier = getattr(drafter, "verifier", None)
@@ -70,7 +70,6 @@ def engine_for(kind, target, policy, planner, batch_size=BATCH, verify_policy=No
         TinyTokenizer(),
         drafter,
         policy,
-        verify_policy,
         eos_ids=set(),
         planner=planner,
     )

@@ -211,6 +211,8 @@ def test_make_goodput_reads_a_cached_profile(models, tmp_path, monkeypatch):
     assert planner.verify(2) == pytest.approx(0.0025)
     with pytest.raises(ConfigError, match="goodput option"):
         make_goodput(models, None, memory="lots")
+    with pytest.raises(ConfigError, match="unknown goodput option.*gamma"):
+        make_goodput(models, None, gamma=3)
 
 
 def test_generate_with_goodput_policy(capsys, tmp_path):
