@@ -41,7 +41,7 @@ def goodput(c: GoodputController, forecasts, budgets) -> float:
     rows = len(budgets)
     expected = rows + sum(expected_accepted(f, k) for f, k in zip(forecasts, budgets, strict=True))
     units = max(budgets) if c.joint else sum(budgets)
-    fed = rows + c.fed_per_depth * sum(budgets)
+    fed = rows + sum(c.nodes(k) for k in budgets)
     return expected / (c.other[0] + c.draft(units) + c.verify(fed))
 
 
@@ -191,6 +191,17 @@ def test_observe_learns_verify_draft_and_tree_width():
     assert c.verify.measured(2 + 6) == 1 and c.draft(3) == pytest.approx(0.3)
     assert c.other[0] == pytest.approx(0.2)
     assert c.fed_per_depth == pytest.approx(0.9 + 0.1 * 2)  # 6 tree nodes for 3 drafted levels
+    assert c.nodes(3) == 6 and c.nodes(2) == pytest.approx(2 * c.fed_per_depth)
+
+
+def test_a_tree_of_fixed_size_drafts_as_deep_as_it_may():
+    """A tree verifies 8 nodes at depth 1 and 16 at any depth beyond: past depth 2 going deeper
+    costs no verification, so the plan uses the whole cap."""
+    c = controller(lambda n: 0.01 + 2e-4 * n, draft=lambda u: 1e-4 * u, joint=False)
+    c.nodes_by_budget = {1: 8.0, **{k: 16.0 for k in range(2, 9)}}
+    assert c.best_plan([[0.7] * 6]) == [6]
+    c.nodes_by_budget = {k: 8.0 * k for k in range(1, 9)}  # a tree growing 8 nodes per level
+    assert c.best_plan([[0.7] * 6]) < [6]
 
 
 @pytest.fixture(scope="module")

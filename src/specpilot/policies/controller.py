@@ -2,12 +2,12 @@
 drafts (0: that row takes a plain step in the same target forward), maximising the expected
 tokens per second of the whole step (docs/methods.md §7):
 
-    G(k_1..k_B) = Σ_q (1 + E[N_q | k_q]) / (T_other + T_draft(u) + T_verify(B + r · Σ_q k_q))
+    G(k_1..k_B) = Σ_q (1 + E[N_q | k_q]) / (T_other + T_draft(u) + T_verify(B + Σ_q fed(k_q)))
 
 E[N | k] = Σ_{n≤k} Π_{i≤n} a_i (policies.goodput) with a_i the row's forecast acceptance of
 position i given the ones before; u the draft work (the deepest budget for drafters whose
-forwards serve all rows at once, the total otherwise); r the tokens the target verifies per
-drafted depth (1 for chains, more for trees, less when lookups come up short or SV trims);
+forwards serve all rows at once, the total otherwise); fed(k) the tokens a row with budget k
+has verified (k for chains, a tree's size, less when lookups come up short or SV trims);
 T_other the rest of a step. Every term is learned from the steps' own timings and outcomes
 (policies.latency), so no separate profiling is needed; a `specpilot profile` curve, when given,
 is the prior. The all-zero plan (plain decoding) is always a candidate, so by its own estimates
@@ -136,6 +136,10 @@ class GoodputController:
         self.acceptance = AcceptanceByPosition(memory)
         self.strength = strength
         self.fed_per_depth = 1.0
+        """Verified tokens per unit of budget, over all budgets (the guess for a new budget)."""
+        self.nodes_by_budget: dict[int, float] = {}
+        """Verified tokens of a row given each budget: the budget for chains, the tree size for
+        trees, less when lookups come up short or SV trims."""
         self.probe_gap = self.gap = probe_gap
         self.idle = 0
 
@@ -172,41 +176,49 @@ class GoodputController:
     def best_plan(self, forecasts: Sequence[Sequence[float]]) -> list[int]:
         """The budgets maximising G given each row's forecast a_1..a_cap: for every total n the
         best n positions are the first n in marginal_order, so scanning that order (per common
-        depth D for joint drafters) covers every candidate plan exactly. Plans feeding the
-        target more than twice the most tokens it was timed on are left out (the next step
-        measures further)."""
+        depth D for joint drafters) covers every candidate plan, exactly when each position
+        costs the same tokens (chains; trees' costs per depth are learned, `nodes`). Plans
+        feeding the target more than twice the most tokens it was timed on are left out (the
+        next step measures further)."""
         rows = len(forecasts)
         other = statistics.median(self.other) if self.other else 0.0
         # Beyond the largest size timed, T is a guess: go at most twice as far, then measure.
-        reach = (2 * self.verify.points()[-1][0] - rows) / self.fed_per_depth
-        items = list(marginal_order(forecasts))[: max(int(reach), rows)]
-        order = [q for q, _, _ in items]
-        gains = [gain for _, gain, _ in items]
-        verify = [self.verify(rows + self.fed_per_depth * n) for n in range(len(order) + 1)]
-        best, best_depth, best_n = rows / (other + verify[0]), 0, 0
+        limit = 2 * self.verify.points()[-1][0]
+        items = list(marginal_order(forecasts))
         deepest = max(len(f) for f in forecasts)
+        extra = [0.0] + [max(self.nodes(k) - self.nodes(k - 1), 0.0) for k in range(1, deepest + 1)]
+        best, best_depth, best_n = rows / (other + self.verify(rows)), 0, 0
         for depth in range(1, deepest + 1) if self.joint else (deepest,):
             counts = [0] * rows
-            expected, n = float(rows), 0
-            for q, gain in zip(order, gains, strict=True):
+            expected, fed, n = float(rows), float(rows), 0
+            for q, gain, _ in items:
                 if counts[q] == depth:
                     continue
                 counts[q] += 1
+                fed += extra[counts[q]]
+                if fed > limit and n >= rows:
+                    break
                 n += 1
                 expected += gain
                 drafting = self.draft(depth if self.joint else n)
-                goodput = expected / (other + drafting + verify[n])
+                goodput = expected / (other + drafting + self.verify(fed))
                 if goodput > best:
                     best, best_depth, best_n = goodput, depth, n
         budgets = [0] * rows
         taken = 0
-        for q in order:
+        for q, _, _ in items:
             if taken == best_n:
                 break
             if budgets[q] < best_depth:
                 budgets[q] += 1
                 taken += 1
         return budgets
+
+    def nodes(self, budget: int) -> float:
+        """Tokens a row with this budget is expected to have verified (a chain: the budget)."""
+        if budget <= 0:
+            return 0.0
+        return self.nodes_by_budget.get(budget, budget * self.fed_per_depth)
 
     def observe(
         self,
@@ -227,5 +239,9 @@ class GoodputController:
         if planned:
             ratio = sum(record.num_nodes for record in records) / planned
             self.fed_per_depth = 0.9 * self.fed_per_depth + 0.1 * ratio
+        for budget, record in zip(budgets, records, strict=True):
+            if budget > 0:
+                known = self.nodes_by_budget.get(budget, record.num_nodes)
+                self.nodes_by_budget[budget] = 0.9 * known + 0.1 * record.num_nodes
         for record in records:
             self.acceptance.add(record.num_verified, record.num_accepted)
