@@ -126,11 +126,11 @@ def test_rows_with_budget_zero_stay_plain_greedy(target, reference, kind):
 
 class SyntheticTimes(GoodputController):
     """The controller fed timings of a made-up machine instead of the wall clock, so its plans
-    are reproducible: T_verify(n) = 10 ms + `slope`·n, 4 ms per draft unit."""
+    are reproducible: T_verify(n) = 10 ms + `slope`·n, `unit` (4 ms) per draft unit."""
 
-    def __init__(self, joint: bool, slope: float = 1e-3, **options) -> None:
+    def __init__(self, joint: bool, slope: float = 1e-3, unit: float = 0.004, **options) -> None:
         super().__init__(joint, **options)
-        self.slope = slope
+        self.slope, self.unit = slope, unit
         self.plans: list[list[int]] = []
 
     def plan(self, policies, caps):
@@ -141,7 +141,7 @@ class SyntheticTimes(GoodputController):
     def observe(self, budgets, records, draft_s, verify_s, step_s) -> None:
         fed = sum(1 + record.num_nodes for record in records)
         units = max(budgets) if self.joint else sum(budgets)
-        verify_s, draft_s = 0.01 + self.slope * fed, 0.004 * units
+        verify_s, draft_s = 0.01 + self.slope * fed, self.unit * units
         super().observe(budgets, records, draft_s, verify_s, draft_s + verify_s)
 
 
@@ -171,9 +171,10 @@ def test_controller_waits_when_verification_is_dear(target, reference):
     assert len(explored) <= 1 and all(plan == [1] * len(PROMPTS) for plan in explored)  # a probe
 
 
-def sampling_engine(batch_size: int = 1):
-    """The vocabulary-8 target of the chi-square suite; verification nearly free, so the
-    controller drafts, and how far depends on the acceptance it has seen."""
+def sampling_engine(batch_size: int = 1, **timing):
+    """The vocabulary-8 target of the chi-square suite; verification nearly free (unless
+    `timing` says otherwise), so the controller drafts, and how far depends on the acceptance
+    it has seen."""
     model = tiny_model("llama", vocab_size=VOCAB, seed=3)
     engine = SpeculativeEngine(
         DecoderRunner(model, batch_size=batch_size),
@@ -181,7 +182,7 @@ def sampling_engine(batch_size: int = 1):
         ModelDrafter(DecoderRunner(perturbed(model, 1.0), batch_size=batch_size)),
         GoodputPolicy(max_k=3),
         eos_ids=set(),
-        planner=SyntheticTimes(True, slope=1e-4, probe_gap=2),
+        planner=SyntheticTimes(True, **{"slope": 1e-4, **timing}, probe_gap=2),
     )
     return engine, model
 
@@ -204,6 +205,24 @@ def test_controller_sampled_output_follows_target(sampling):
     assert chi_square_pvalue(engine, expected, sampling, length=3) > 1e-3
     planned = {k for plan in engine.planner.plans for k in plan}
     assert len(planned) > 1  # budgets varied with what the controller learned
+
+
+def test_confidence_stops_keep_the_sampled_distribution(monkeypatch):
+    """Verification dear enough that drafting stops at draft distributions the calibration
+    says are unlikely to be accepted: a stop before the token is drawn stays lossless."""
+    admits, refused = GoodputPolicy.admits, []
+
+    def counted(self, logits):
+        allowed = admits(self, logits)
+        refused.append(not allowed)
+        return allowed
+
+    monkeypatch.setattr(GoodputPolicy, "admits", counted)
+    sampling = SAMPLINGS[0]
+    engine, model = sampling_engine(slope=2e-3, unit=5e-4)
+    expected = exact_joint_distribution(model, sampling, length=3)
+    assert chi_square_pvalue(engine, expected, sampling, length=3) > 1e-3
+    assert sum(refused) > 50
 
 
 def test_controller_batched_row_follows_target():

@@ -7,6 +7,7 @@ import json
 import random
 
 import pytest
+import torch
 from tiny import save_tiny
 
 from specpilot.api import load_models, make_goodput
@@ -16,6 +17,7 @@ from specpilot.errors import ConfigError
 from specpilot.policies.controller import (
     PRIOR_ACCEPTANCE,
     AcceptanceByPosition,
+    ConfidenceCalibration,
     GoodputController,
     GoodputPolicy,
 )
@@ -47,19 +49,19 @@ def goodput(c: GoodputController, forecasts, budgets) -> float:
 
 def test_picks_zero_when_verification_is_dear_and_acceptance_low():
     c = controller(lambda n: 0.01 * n, draft=lambda u: 0.002 * u)
-    assert c.best_plan([[0.3] * 6, [0.2] * 6]) == [0, 0]
+    assert c.best_plan([[0.3] * 6, [0.2] * 6])[0] == [0, 0]
 
 
 def test_picks_long_drafts_when_verification_is_flat_and_acceptance_high():
     c = controller(lambda n: 0.01 + 1e-5 * n, draft=lambda u: 0.0005 * u)
-    assert c.best_plan([[0.95] * 8]) == [8]
-    assert c.best_plan([[0.95] * 8, [0.9] * 8]) == [8, 8]
+    assert c.best_plan([[0.95] * 8])[0] == [8]
+    assert c.best_plan([[0.95] * 8, [0.9] * 8])[0] == [8, 8]
 
 
 def test_respects_each_rows_cap():
     """A row's forecast is as long as it may draft (its room), and a cap of 0 drafts nothing."""
     c = controller(lambda n: 0.01 + 1e-5 * n)
-    assert c.best_plan([[0.9] * 2, [0.9] * 5, []]) == [2, 5, 0]
+    assert c.best_plan([[0.9] * 2, [0.9] * 5, []])[0] == [2, 5, 0]
     policies = [GoodputPolicy(max_k=6) for _ in range(3)]
     assert c.plan(policies, [1, 0, 6]) == [1, 0, 6]
 
@@ -68,7 +70,7 @@ def test_weak_rows_wait_while_strong_rows_draft():
     """With verification charged per token, only the rows whose drafts are likely accepted
     draft, and the strong row drafts further than the middling one."""
     c = controller(lambda n: 0.01 + 0.002 * n)
-    plan = c.best_plan([[0.1] * 6, [0.95] * 6, [0.7] * 6])
+    plan = c.best_plan([[0.1] * 6, [0.95] * 6, [0.7] * 6])[0]
     assert plan[0] == 0 and plan[1] > plan[2] > 0
 
 
@@ -82,7 +84,7 @@ def test_plan_is_the_best_of_all_plans(joint):
         forecasts = [
             sorted((rng.random() for _ in range(rng.randint(0, 3))), reverse=True) for _ in range(3)
         ]
-        plan = c.best_plan(forecasts)
+        plan = c.best_plan(forecasts)[0]
         best = max(
             goodput(c, forecasts, [a, b, d])
             for a in range(len(forecasts[0]) + 1)
@@ -98,8 +100,8 @@ def test_joint_drafting_cost_follows_the_deepest_budget():
     tokens cost a forward of their own."""
     verify = lambda n: 0.01 + 1e-5 * n  # noqa: E731
     draft = lambda u: 0.005 * u  # noqa: E731
-    assert 0 not in controller(verify, draft, joint=True).best_plan([[0.8] * 4] * 8)
-    assert controller(verify, draft, joint=False).best_plan([[0.8] * 4] * 8) == [0] * 8
+    assert 0 not in controller(verify, draft, joint=True).best_plan([[0.8] * 4] * 8)[0]
+    assert controller(verify, draft, joint=False).best_plan([[0.8] * 4] * 8)[0] == [0] * 8
 
 
 def test_marginal_order_keeps_sv_allocation():
@@ -170,6 +172,46 @@ def test_row_policy_learns_its_acceptance_and_resets():
         GoodputPolicy(max_k=0)
 
 
+def test_confidence_calibration_learns_acceptance_by_confidence():
+    calibration = ConfidenceCalibration(bins=4, memory=1.0, strength=2.0)
+    for _ in range(50):
+        calibration.add(0.1, accepted=False)
+        calibration.add(0.9, accepted=True)
+    assert calibration.acceptance(0.2, prior=0.5) < 0.05
+    assert calibration.acceptance(0.95, prior=0.5) > 0.95
+    assert calibration.acceptance(0.6, prior=0.5) == 0.5  # nothing seen: the prior
+
+
+def test_low_draft_confidence_stops_drafting_before_the_token():
+    calibration = ConfidenceCalibration(bins=4, memory=1.0)
+    for _ in range(50):
+        calibration.add(0.1, accepted=False)
+        calibration.add(0.9, accepted=True)
+    sure, unsure = torch.zeros(8), torch.zeros(8)  # top probabilities 0.98 and 0.14
+    sure[0], unsure[0] = 8.0, 0.1
+    policy = GoodputPolicy(max_k=4)
+    assert policy.admits(unsure)  # no controller: no confidence stop
+    policy.prepare([0.8] * 4, 0.3, calibration)
+    assert policy.admits(sure) and policy.admits(sure)
+    assert not policy.admits(unsure)
+    policy.prepare([0.8] * 4, 0.0, calibration)  # verification free: never stop
+    assert policy.admits(unsure)
+    # the verified outcome calibrates: position 1 accepted, 2 rejected
+    policy.prepare([0.8] * 4, 0.0, calibration)
+    assert policy.admits(sure) and policy.admits(sure)
+    before = list(calibration.tested)
+    policy.observe(StepRecord(2, 2, 1, 2, 0.0, 0.0, 9, 2))
+    assert sum(calibration.tested) == sum(before) + 2 and policy.confidences == []
+
+
+def test_stop_gain_is_what_a_position_costs_at_the_planned_goodput():
+    flat = controller(lambda n: 0.01, draft=lambda u: 0.0)
+    assert flat.best_plan([[0.9] * 4])[1] == 0.0
+    steep = controller(lambda n: 0.01 + 0.001 * n)
+    budgets, stop_gain = steep.best_plan([[0.9] * 4])
+    assert stop_gain == pytest.approx(goodput(steep, [[0.9] * 4], budgets) * 0.001)
+
+
 def test_first_step_is_plain_and_idle_steps_lead_to_a_probe():
     c = GoodputController(joint=True, probe_gap=2)
     policies = [GoodputPolicy(max_k=4) for _ in range(2)]
@@ -199,9 +241,9 @@ def test_a_tree_of_fixed_size_drafts_as_deep_as_it_may():
     costs no verification, so the plan uses the whole cap."""
     c = controller(lambda n: 0.01 + 2e-4 * n, draft=lambda u: 1e-4 * u, joint=False)
     c.nodes_by_budget = {1: 8.0, **{k: 16.0 for k in range(2, 9)}}
-    assert c.best_plan([[0.7] * 6]) == [6]
+    assert c.best_plan([[0.7] * 6])[0] == [6]
     c.nodes_by_budget = {k: 8.0 * k for k in range(1, 9)}  # a tree growing 8 nodes per level
-    assert c.best_plan([[0.7] * 6]) < [6]
+    assert c.best_plan([[0.7] * 6])[0] < [6]
 
 
 @pytest.fixture(scope="module")

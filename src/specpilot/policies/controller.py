@@ -72,11 +72,42 @@ class AcceptanceByPosition:
         return out
 
 
+class ConfidenceCalibration:
+    """Acceptance as a function of the draft's confidence (its top probability at temperature
+    1) in `bins` equal bins over [0, 1], exponentially weighted over all rows, each bin shrunk
+    towards the position forecast with `strength` pseudo-counts."""
+
+    def __init__(self, bins: int = 10, memory: float = 0.995, strength: float = 2.0) -> None:
+        self.bins, self.memory, self.strength = bins, memory, strength
+        self.accepted = [0.0] * bins
+        self.tested = [0.0] * bins
+
+    def _bin(self, confidence: float) -> int:
+        return min(int(confidence * self.bins), self.bins - 1)
+
+    def add(self, confidence: float, accepted: bool) -> None:
+        self.accepted = [x * self.memory for x in self.accepted]
+        self.tested = [x * self.memory for x in self.tested]
+        b = self._bin(confidence)
+        self.tested[b] += 1.0
+        self.accepted[b] += float(accepted)
+
+    def acceptance(self, confidence: float, prior: float) -> float:
+        b = self._bin(confidence)
+        return (self.accepted[b] + self.strength * prior) / (self.tested[b] + self.strength)
+
+
 @dataclass
 class GoodputPolicy:
     """A row's draft policy under the controller: drafts up to the budget the controller gives
     it (at most `max_k`) and keeps the row's own acceptance by position (`memory` per step, a
-    few pseudo-steps of the batch-wide estimate as its prior)."""
+    few pseudo-steps of the batch-wide estimate as its prior).
+
+    Drafter confidence: before drawing each token from draft logits, the acceptance it forecasts
+    is refined by the draft's confidence there (ConfidenceCalibration), and drafting stops when
+    the position's expected gain (the chance of reaching it times that acceptance) falls below
+    what the controller says a verified position must bring (`prepare`). Decided from the
+    distribution before its token is drawn: lossless (docs/methods.md §1.2)."""
 
     max_k: int = 8
     memory: float = 0.8
@@ -86,15 +117,37 @@ class GoodputPolicy:
     def __post_init__(self) -> None:
         require(1 <= self.max_k <= 64, f"goodput max_k must be in 1..64, got {self.max_k}")
         require(self.strength > 0, f"goodput strength must be > 0, got {self.strength}")
-        self.acceptance = AcceptanceByPosition(self.memory)
+        self.reset()
 
     def reset(self) -> None:
         self.acceptance = AcceptanceByPosition(self.memory)
+        self.prepare([], 0.0, None)
+
+    def prepare(
+        self, forecast: Sequence[float], stop_gain: float, calibration: ConfidenceCalibration | None
+    ) -> None:
+        """Set by the controller before the row drafts: its forecast a_i for this step, the
+        least expected gain a drafted position must bring, and the batch-wide calibration."""
+        self.step_forecast = list(forecast)
+        self.stop_gain = stop_gain
+        self.calibration = calibration
+        self.reach = 1.0
+        self.confidences: list[float] = []
 
     def draft_budget(self) -> int:
         return self.max_k
 
-    def admits(self, logits: torch.Tensor) -> bool:
+    def admits(self, logits: torch.Tensor | None) -> bool:
+        if self.calibration is None or logits is None:
+            return True
+        i = len(self.confidences)
+        forecast = self.step_forecast or [PRIOR_ACCEPTANCE]
+        confidence = float(logits.float().softmax(-1).max())
+        accept = self.calibration.acceptance(confidence, forecast[min(i, len(forecast) - 1)])
+        if self.reach * accept < self.stop_gain:
+            return False
+        self.confidences.append(confidence)
+        self.reach *= accept
         return True
 
     def continue_drafting(self, drafted: DraftToken) -> bool:
@@ -102,6 +155,11 @@ class GoodputPolicy:
 
     def observe(self, record: StepRecord) -> None:
         self.acceptance.add(record.num_verified, record.num_accepted)
+        if self.calibration is not None:
+            tested = min(record.num_verified, record.num_accepted + 1, len(self.confidences))
+            for i in range(tested):
+                self.calibration.add(self.confidences[i], i < record.num_accepted)
+        self.confidences = []
 
     def forecast(self, prior: Sequence[float]) -> list[float]:
         """This row's a_i for as many positions as `prior` (the batch-wide a_i) gives."""
@@ -134,6 +192,7 @@ class GoodputController:
         self.draft = LatencyCurve(window=window, proportional=True)
         self.other: deque[float] = deque(maxlen=window)
         self.acceptance = AcceptanceByPosition(memory)
+        self.calibration = ConfidenceCalibration(strength=strength)
         self.strength = strength
         self.fed_per_depth = 1.0
         """Verified tokens per unit of budget, over all budgets (the guess for a new budget)."""
@@ -154,9 +213,6 @@ class GoodputController:
             return caps
         if not self.verify.points():  # first the plain step's cost, which every plan is beaten by
             return [0] * len(caps)
-        if self.idle >= self.gap:
-            self.idle, self.gap = 0, min(2 * self.gap, 32 * self.probe_gap)
-            return [min(cap, 1) for cap in caps]
         missing = [p for p in policies if not hasattr(p, "forecast")]
         if missing:
             raise ConfigError(
@@ -166,15 +222,23 @@ class GoodputController:
         forecasts = [
             policy.forecast(prior)[:cap] for policy, cap in zip(policies, caps, strict=True)
         ]
-        budgets = self.best_plan(forecasts)
-        if any(budgets):
-            self.idle, self.gap = 0, self.probe_gap
+        if self.idle >= self.gap:  # a probe: one token each, no confidence stop
+            self.idle, self.gap = 0, min(2 * self.gap, 32 * self.probe_gap)
+            budgets, stop_gain = [min(cap, 1) for cap in caps], 0.0
         else:
-            self.idle += 1
+            budgets, stop_gain = self.best_plan(forecasts)
+            if any(budgets):
+                self.idle, self.gap = 0, self.probe_gap
+            else:
+                self.idle += 1
+        for policy, forecast in zip(policies, forecasts, strict=True):
+            policy.prepare(forecast, stop_gain, self.calibration)
         return budgets
 
-    def best_plan(self, forecasts: Sequence[Sequence[float]]) -> list[int]:
-        """The budgets maximising G given each row's forecast a_1..a_cap: for every total n the
+    def best_plan(self, forecasts: Sequence[Sequence[float]]) -> tuple[list[int], float]:
+        """The budgets maximising G given each row's forecast a_1..a_cap, and the expected
+        gain a drafted position must bring to pay for itself at that G (G times its marginal
+        seconds; drafting stops below it, GoodputPolicy). For every total n the
         best n positions are the first n in marginal_order, so scanning that order (per common
         depth D for joint drafters) covers every candidate plan, exactly when each position
         costs the same tokens (chains; trees' costs per depth are learned, `nodes`). Plans
@@ -212,7 +276,11 @@ class GoodputController:
             if budgets[q] < best_depth:
                 budgets[q] += 1
                 taken += 1
-        return budgets
+        fed = rows + sum(self.nodes(k) for k in budgets)
+        seconds = (self.verify(fed) - self.verify(max(fed - 1, 1))) * self.fed_per_depth
+        if not self.joint:
+            seconds += self.draft(best_n) - self.draft(best_n - 1)
+        return budgets, best * seconds
 
     def nodes(self, budget: int) -> float:
         """Tokens a row with this budget is expected to have verified (a chain: the budget)."""
