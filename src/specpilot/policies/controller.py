@@ -211,7 +211,7 @@ class GoodputController:
         caps = [max(cap, 0) for cap in caps]
         if not any(caps):
             return caps
-        if not self.verify.points():  # first the plain step's cost, which every plan is beaten by
+        if not self.verify.points():  # first time the plain step, the baseline of every plan
             return [0] * len(caps)
         missing = [p for p in policies if not hasattr(p, "forecast")]
         if missing:
