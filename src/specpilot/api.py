@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from specpilot.engine import SpeculativeEngine
@@ -10,6 +11,8 @@ from specpilot.models import LoadedModel, check_same_tokenizer, load_model
 from specpilot.models.chat import eos_token_ids
 from specpilot.models.runner import CausalRunner
 from specpilot.policies import ConstantPolicy, DraftPolicy, VerifyPolicy
+from specpilot.policies.controller import GoodputController, GoodputPolicy
+from specpilot.policies.goodput import VerifyLatency
 from specpilot.policies.sv import SvVerifyPolicy, read_sv_profile
 from specpilot.registry import make_draft_policy, make_drafter
 
@@ -18,6 +21,8 @@ DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
 DEFAULT_K = ConstantPolicy().k
 SV_GAMMA_MAX = 5
 """Tokens SV drafts before choosing how many to verify (the paper uses 5 or 7)."""
+GOODPUT_MAX_K = 8
+"""The most tokens a row drafts under the goodput controller (a drafter's own depth if less)."""
 
 
 @dataclass
@@ -57,13 +62,17 @@ def build_engine(
     registry.make_drafter); policy a name in registry.POLICIES (with its options) or a ready
     DraftPolicy; `verify_policy` a ready VerifyPolicy (default: verify every drafted token).
     "sv" drafts a constant gamma_max and verifies SV's chosen prefix (options sv_profile,
-    companion, gamma_max, plus_one; see make_sv)."""
+    companion, gamma_max, plus_one; see make_sv). "goodput" plans every step's draft lengths
+    with the goodput controller (options: see make_goodput)."""
     target = models.target
+    if policy in ("sv", "goodput") and verify_policy is not None:
+        raise ConfigError(f"policy {policy!r} brings its own verify policy; pass no verify_policy")
     if policy == "sv":
-        if verify_policy is not None:
-            raise ConfigError("policy 'sv' brings its own verify policy; pass no verify_policy")
         policy, verify_policy = make_sv(models, **policy_options)
     draft = make_drafter(drafter, models.draft, target, **(drafter_options or {}))
+    planner = None
+    if policy == "goodput":
+        policy, planner, verify_policy = make_goodput(models, draft, **policy_options)
     if isinstance(policy, str):
         # A drafter with a natural draft length (a tree's depth) sets constant k's default.
         default = getattr(draft, "default_budget", None)
@@ -79,6 +88,7 @@ def build_engine(
         draft_policy=policy,
         verify_policy=verify_policy,
         eos_ids=eos_token_ids(target.tokenizer, target.path),
+        planner=planner,
     )
 
 
@@ -89,8 +99,16 @@ def make_sv(
     gamma_max: int | str = SV_GAMMA_MAX,
     plus_one: bool | str = True,
 ) -> tuple[ConstantPolicy, SvVerifyPolicy]:
-    """SV's two halves: draft gamma_max tokens, verify the goodput-optimal prefix. The companion
-    defaults to the one the profile was made with (the table is only valid for it)."""
+    """SV's two halves: draft gamma_max tokens, verify the goodput-optimal prefix."""
+    verify_policy = sv_verify_policy(models, sv_profile, companion, plus_one)
+    return ConstantPolicy(int(gamma_max)), verify_policy
+
+
+def sv_verify_policy(
+    models: ModelPair, sv_profile: str | None, companion: str | None, plus_one: bool | str = True
+) -> SvVerifyPolicy:
+    """SV's verification half; the companion defaults to the one the profile was made with
+    (the table is only valid for it)."""
     profile = read_sv_profile(sv_profile)
     profiled = profile.get("companion")
     companion = companion or profiled
@@ -103,11 +121,70 @@ def make_sv(
         )
     if isinstance(plus_one, str):
         plus_one = plus_one.lower() in ("1", "true", "yes")
-    draft_policy = ConstantPolicy(int(gamma_max))
-    verify_policy = SvVerifyPolicy.from_profile(
+    return SvVerifyPolicy.from_profile(
         sv_profile, load_companion(companion, models), plus_one=plus_one
     )
-    return draft_policy, verify_policy
+
+
+def make_goodput(
+    models: ModelPair,
+    draft,
+    max_k: int | str | None = None,
+    memory: float | str = 0.8,
+    window: int | str = 9,
+    probe_gap: int | str = 16,
+    latency_profile: str | None = None,
+    sv_profile: str | None = None,
+    companion: str | None = None,
+    plus_one: bool | str = True,
+    **unknown,
+) -> tuple[GoodputPolicy, GoodputController, SvVerifyPolicy | None]:
+    """The goodput controller (policies.controller) and its rows' policy: rows draft up to
+    `max_k` (default GOODPUT_MAX_K, or the drafter's own depth if less), remember their
+    acceptance with `memory` per step; T(n) is learned over the last `window` steps per size,
+    from the prior curve of `latency_profile` (a `specpilot profile` or `profile-sv` JSON;
+    default: the SV profile if given, else the cached `specpilot profile` of this target and
+    dtype, if any). With `sv_profile` (and `companion`) SV then trims what was drafted."""
+    if unknown:
+        raise ConfigError(
+            f"unknown goodput option(s) {', '.join(sorted(unknown))} (options: max_k, memory, "
+            "window, probe_gap, latency_profile, sv_profile, companion, plus_one)"
+        )
+    try:
+        depth = getattr(draft, "default_budget", None) or GOODPUT_MAX_K
+        row = GoodputPolicy(
+            max_k=int(max_k) if max_k is not None else min(depth, GOODPUT_MAX_K),
+            memory=float(memory),
+        )
+        window, probe_gap = int(window), int(probe_gap)
+    except ValueError as error:
+        raise ConfigError(f"goodput option: {error}") from None
+    verify_policy = None
+    if sv_profile is not None or companion is not None:
+        verify_policy = sv_verify_policy(models, sv_profile, companion, plus_one)
+    controller = GoodputController(
+        joint=getattr(draft, "drafts_jointly", False),
+        verify_prior=_verify_prior(models, latency_profile or sv_profile),
+        window=window,
+        probe_gap=probe_gap,
+    )
+    return row, controller, verify_policy
+
+
+def _verify_prior(models: ModelPair, path: str | None) -> tuple[tuple[float, float], ...]:
+    """T_verify points of a profile JSON, or of this target's cached profile (none: ())."""
+    from specpilot.bench.profile import profile_cache_path
+
+    runner = models.target.runner
+    cached = profile_cache_path(models.target.name, runner.dtype)
+    if path is None and not cached.is_file():
+        return ()
+    source = path or cached
+    try:
+        profile = json.loads(open(source).read())
+    except (OSError, ValueError) as error:
+        raise ConfigError(f"cannot read latency profile {str(source)!r} ({error})") from None
+    return VerifyLatency.from_profile(profile).points
 
 
 def load_companion(spec: str, models: ModelPair) -> CausalRunner:

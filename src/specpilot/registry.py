@@ -25,8 +25,9 @@ DRAFT_POLICIES: dict[str, Callable[..., Any]] = {
     "svip": SvipPolicy,
 }
 
-POLICIES = (*DRAFT_POLICIES, "sv")
-"""Names for --policy: the draft policies, and "sv" (constant drafting + SV verification)."""
+POLICIES = (*DRAFT_POLICIES, "sv", "goodput")
+"""Names for --policy: the draft policies, "sv" (constant drafting + SV verification) and
+"goodput" (the batch-aware goodput controller, api.make_goodput)."""
 
 DRAFTERS = ("model", "ngram", "dvi", "eagle", "none")
 DRAFTER_OPTIONS = {

@@ -7,8 +7,14 @@ import json
 import pytest
 from tiny import save_tiny
 
-from specpilot.bench.profile import speedup_bound
+from specpilot.bench.profile import profile_cache_path, speedup_bound
 from specpilot.cli import main
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path, monkeypatch):
+    """`specpilot profile` keeps a copy in the cache: a temporary one here."""
+    monkeypatch.setenv("SPECPILOT_CACHE", str(tmp_path / "cache"))
 
 
 def test_speedup_bound_values():
@@ -54,6 +60,8 @@ def test_profile_writes_json(tmp_path, capsys):
     assert [row["gamma"] for row in profile["gammas"]] == [1, 3]
     assert profile["gammas"][0]["acceptance_rate"] == pytest.approx(1.0)  # draft == target
     assert "c = " in capsys.readouterr().out
+    cached = profile_cache_path(str(target), "float32")  # the goodput controller's prior
+    assert cached.is_relative_to(tmp_path / "cache") and json.loads(cached.read_text()) == profile
 
 
 def test_profile_rejects_bad_lists(tmp_path, capsys):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from pathlib import Path
 
 import torch
 from tqdm import tqdm
@@ -19,6 +20,7 @@ from specpilot.api import ModelPair, build_engine
 from specpilot.bench.report import machine_info
 from specpilot.config import GenerationConfig, require
 from specpilot.engine import GenerationStats
+from specpilot.models.offline import cache_root
 
 PROFILE_PROMPTS = (
     "Write a Python function that merges two sorted lists into one sorted list.",
@@ -26,6 +28,13 @@ PROFILE_PROMPTS = (
     "Give three tips for writing clear commit messages.",
     "Summarize the plot of a detective story in four sentences.",
 )
+
+
+def profile_cache_path(target: str, dtype) -> Path:
+    """Where `specpilot profile` keeps a copy of its last profile of this target and dtype: the
+    goodput controller starts from its latency curve (api.make_goodput)."""
+    name = "".join(c if c.isalnum() or c in "-_." else "_" for c in target.strip("/"))
+    return cache_root() / "profiles" / f"{name}-{str(dtype).removeprefix('torch.')}.json"
 
 
 def speedup_bound(alpha: float, gamma: int, cost_ratio: float) -> float:

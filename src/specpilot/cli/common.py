@@ -90,8 +90,8 @@ def add_method_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--companion",
-        help="SV companion: a model sharing the tokenizer, or early-exit:target:N / draft:N "
-        "(default: the one in --sv-profile)",
+        help="SV companion (--policy sv, or goodput with SV): a model sharing the tokenizer, or "
+        "early-exit:target:N / draft:N (default: the one in --sv-profile)",
     )
     parser.add_argument("--sv-profile", help="SV acceptance profile from `specpilot profile-sv`")
     parser.add_argument(
@@ -164,8 +164,11 @@ def policy_options(args: argparse.Namespace) -> dict[str, str]:
         options["k"] = str(args.k)
     if args.policy == "sv":
         options.update(sv_profile=args.sv_profile, companion=args.companion)
+    elif args.policy == "goodput":  # SV trims what the controller drafted
+        sv = {"sv_profile": args.sv_profile, "companion": args.companion}
+        options.update({key: value for key, value in sv.items() if value is not None})
     elif args.companion or args.sv_profile:
-        raise ConfigError("--companion and --sv-profile belong to --policy sv")
+        raise ConfigError("--companion and --sv-profile belong to --policy sv or goodput")
     return options
 
 
@@ -174,11 +177,12 @@ def engine_builder(args: argparse.Namespace, learn: bool = False):
     return the draft model to load (None when the drafter needs none) and `build(models)`,
     which makes the engine."""
     options = policy_options(args)
-    if args.policy == "sv":
+    if args.policy in ("sv", "goodput"):  # built with the models; validate before loading
         from specpilot.policies.sv import read_sv_profile
 
-        read_sv_profile(options.get("sv_profile"))
-        policy, sv_options = "sv", options
+        if args.policy == "sv" or "sv_profile" in options or "companion" in options:
+            read_sv_profile(options.get("sv_profile"))
+        policy, sv_options = args.policy, options
     else:
         policy, sv_options = make_draft_policy(args.policy, **options), {}
     methods = drafter_options(args, learn=learn)

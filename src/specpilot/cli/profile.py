@@ -28,7 +28,7 @@ def register(commands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from specpilot.bench.profile import profile_pair, profile_table
+    from specpilot.bench.profile import profile_cache_path, profile_pair, profile_table
     from specpilot.bench.run import write_json
 
     contexts, gammas = int_list(args.contexts), int_list(args.gammas)
@@ -45,6 +45,9 @@ def run(args: argparse.Namespace) -> int:
         eagle_head=args.eagle_head,
     )
     write_json(args.out, profile)
+    cached = profile_cache_path(models.target.name, models.target.runner.dtype)
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    write_json(cached, profile)  # the goodput controller's prior for this target and dtype
     print(profile_table(profile))
     print(f"profile: {args.out}", file=sys.stderr)
     return 0

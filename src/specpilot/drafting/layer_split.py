@@ -53,6 +53,9 @@ class VerifiedBlock:
 
 
 class LayerSplitDrafter:
+    drafts_jointly = True
+    """One shallow forward per position serves every drafting row."""
+
     def __init__(
         self,
         target: DecoderRunner,

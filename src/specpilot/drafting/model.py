@@ -53,6 +53,12 @@ class ModelDrafter:
         self.topk, self.nodes = topk, nodes
         self.head = None if vocabulary is None else vocabulary.head(runner.lm_head)
 
+    @property
+    def drafts_jointly(self) -> bool:
+        """Chains: one draft forward per position serves every drafting row (a step costs as
+        much as its deepest budget); trees grow one row at a time."""
+        return self.topk == 1
+
     def reset(self) -> None:
         pass
 

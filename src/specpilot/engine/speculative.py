@@ -35,7 +35,7 @@ from specpilot.errors import ConfigError, PromptError
 from specpilot.models.chat import Messages, encode_prompt
 from specpilot.models.runner import CausalRunner
 from specpilot.models.synced_cache import sync
-from specpilot.policies.base import DraftPolicy, VerifyPolicy
+from specpilot.policies.base import BatchPlanner, DraftPolicy, VerifyPolicy
 from specpilot.policies.draft import ConstantPolicy
 from specpilot.policies.verify import VerifyAll
 from specpilot.types import Proposal, StepRecord
@@ -51,7 +51,10 @@ class SpeculativeEngine:
     `observers`: callables run once per verified row-step as
     `observer(slot, proposal, target_logits, record)`, with the proposal as verified, the target's
     verify logits for it ([k + 1, vocab]) and the step's StepRecord. They watch without changing
-    the decoding (profiling, logging), so tools need not wrap the target or the policies."""
+    the decoding (profiling, logging), so tools need not wrap the target or the policies.
+
+    `planner`: an optional BatchPlanner that turns the rows' budgets into each step's final
+    budgets from the whole batch (the goodput controller); it observes each step's timings."""
 
     def __init__(
         self,
@@ -61,12 +64,14 @@ class SpeculativeEngine:
         draft_policy: DraftPolicy | None = None,
         verify_policy: VerifyPolicy | None = None,
         eos_ids: frozenset[int] | set[int] | None = None,
+        planner: BatchPlanner | None = None,
     ):
         self.target = target
         self.tokenizer = tokenizer
         self.drafter = drafter
         self.draft_policy = draft_policy or ConstantPolicy()
         self.verify_policy = verify_policy or VerifyAll()
+        self.planner = planner
         if eos_ids is None:
             eos = getattr(tokenizer, "eos_token_id", None)
             eos_ids = set() if eos is None else {eos}
@@ -155,9 +160,13 @@ class SpeculativeEngine:
     def _step(self, rows: list[Request]) -> None:
         """Draft → select → verify all rows in one target forward → commit each row."""
         samplings = [row.config.sampling for row in rows]
+        step_start = time.perf_counter()
         budgets = [
             min(row.policy.draft_budget(), row.room(self.target.max_length) - 1) for row in rows
         ]
+        if self.planner is not None:
+            budgets = self.planner.plan([row.policy for row in rows], budgets)
+        draft_start = time.perf_counter()
         proposals = [Proposal([]) for _ in rows]
         if self.drafter is not None and any(budget > 0 for budget in budgets):
             proposals = self._propose(rows, budgets, samplings)
@@ -193,6 +202,7 @@ class SpeculativeEngine:
         ]
         verify_s = time.perf_counter() - verify_start
         observe = getattr(self.drafter, "observe", None)
+        records = []
         for row, proposal, result, num_drafted, row_logits, row_features in zip(
             rows, proposals, results, drafted, logits, features, strict=True
         ):
@@ -220,6 +230,7 @@ class SpeculativeEngine:
                 context_len=len(row.sequence),
                 num_nodes=proposal.k,
             )
+            records.append(record)
             row.stats.add(record)
             row.policy.observe(record)
             self.verify_policy.observe(record)
@@ -229,6 +240,10 @@ class SpeculativeEngine:
                 row.on_tokens(emitted)
             if row.reason is None and len(row.sequence) >= self.target.max_length:
                 row.reason = "length"
+        if self.planner is not None:  # drafting includes selection (SV's companion)
+            draft_s = verify_start - draft_start
+            step_s = time.perf_counter() - step_start
+            self.planner.observe(budgets, records, draft_s, verify_s, step_s)
 
     def clear_cache(self) -> None:
         """Forget every cached prefix (target, drafter and verify-policy models), so the next

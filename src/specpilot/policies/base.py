@@ -4,7 +4,8 @@ A `DraftPolicy` sees each draft distribution before its token is drawn and may s
 decision depends only on the prefix), and sees each drafted token and may stop after it; it never
 removes a token it has already let through (that would change the proposal distribution and
 break losslessness, docs/methods.md §1.2). A `VerifyPolicy` may truncate a finished chain to a
-prefix before verification, which is safe. Both observe each step's outcome.
+prefix before verification, which is safe. Both observe each step's outcome. A `BatchPlanner`
+(optional) sets every row's budget for the step from the whole batch.
 """
 
 from __future__ import annotations
@@ -61,3 +62,23 @@ class VerifyPolicy(Protocol):
         decoding rule (the distributions its tokens are drawn from)."""
 
     def observe(self, record: StepRecord) -> None: ...
+
+
+class BatchPlanner(Protocol):
+    """Optional, batch-level: decides each step's final draft budgets for all running rows at
+    once, before drafting (the goodput controller). A budget depends only on the past, so any
+    plan is lossless (docs/methods.md §1.2)."""
+
+    def plan(self, policies: list[DraftPolicy], caps: list[int]) -> list[int]:
+        """Per row a budget in 0..caps[q] (caps: each row's policy budget within its room)."""
+
+    def observe(
+        self,
+        budgets: list[int],
+        records: list[StepRecord],
+        draft_s: float,
+        verify_s: float,
+        step_s: float,
+    ) -> None:
+        """The finished step: the budgets, the rows' records, seconds drafting (and selecting),
+        verifying, and in all."""

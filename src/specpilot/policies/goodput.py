@@ -14,7 +14,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from specpilot.config import require
@@ -157,10 +157,9 @@ def allocate_batch(
     Every row verifies its pending token (E_tot = B tokens, n_tot = B fed). Greedily give one more
     drafted position to the row with the largest marginal gain Π_{i≤γ_q} r_{q,i} · p_{q,γ_q+1}
     while that raises the batch goodput E_tot / T(n_tot), where r are the realized values
-    (`realized_rows`, default p) of positions already given. A row's marginals only shrink, so
-    the greedy order always extends some row's prefix. A max-heap (ties: lowest row) makes this
-    O(B·γ·log B). Stops at the first non-improving step (T is a step function under GPU tiling,
-    so this can stop early; no lookahead). A row never exceeds len(p_row).
+    (`realized_rows`, default p) of positions already given (`marginal_order`). Stops at the
+    first non-improving step (T is a step function under GPU tiling, so this can stop early; no
+    lookahead). A row never exceeds len(p_row).
     `plus_one` off drops each row's own token from E_tot (the paper's possible formula).
     """
     rows = [_probabilities(row, f"p_rows[{q}]") for q, row in enumerate(p_rows)]
@@ -173,22 +172,32 @@ def allocate_batch(
             "realized_rows must have the shape of p_rows",
         )
     gammas = [0] * len(rows)
-    if not rows:
-        return gammas
-    prefixes = [1.0] * len(rows)
     expected, fed = float(len(rows)) if plus_one else 0.0, len(rows)
-    seconds = _seconds(latency, fed)
-    heap = [(-row[0], q) for q, row in enumerate(rows) if row]
-    heapq.heapify(heap)
-    while heap:
-        gain, q = -heap[0][0], heap[0][1]
+    seconds = _seconds(latency, fed) if rows else 0.0
+    for q, gain, realized_gain in marginal_order(rows, realized):
         next_seconds = _seconds(latency, fed + 1)
         if (expected + gain) / next_seconds <= expected / seconds:
             break
-        heapq.heappop(heap)
-        prefixes[q] *= realized[q][gammas[q]]
         gammas[q] += 1
-        expected, fed, seconds = expected + prefixes[q], fed + 1, next_seconds
-        if gammas[q] < len(rows[q]):
-            heapq.heappush(heap, (-prefixes[q] * rows[q][gammas[q]], q))
+        expected, fed, seconds = expected + realized_gain, fed + 1, next_seconds
     return gammas
+
+
+def marginal_order(
+    p_rows: Sequence[Sequence[float]], realized_rows: Sequence[Sequence[float]] | None = None
+) -> Iterator[tuple[int, float, float]]:
+    """Drafted positions in the greedy order of their expected gain: (row, gain, realized gain)
+    where gain = Π_{i<γ} r_{q,i} · p_{q,γ} is what adding row q's next position γ adds to the
+    expected accepted tokens (realized gain: the same with r_{q,γ}). With r = p a row's gains
+    only shrink, so the first n items are the n positions that maximise the expected accepted
+    tokens, each row's a prefix. A max-heap (ties: lowest row) makes it O(B·γ·log B)."""
+    realized = p_rows if realized_rows is None else realized_rows
+    prefixes = [1.0] * len(p_rows)
+    heap = [(-row[0], q, 0) for q, row in enumerate(p_rows) if len(row)]
+    heapq.heapify(heap)
+    while heap:
+        gain, q, gamma = heapq.heappop(heap)
+        prefixes[q] *= realized[q][gamma]
+        yield q, -gain, prefixes[q]
+        if gamma + 1 < len(p_rows[q]):
+            heapq.heappush(heap, (-prefixes[q] * p_rows[q][gamma + 1], q, gamma + 1))

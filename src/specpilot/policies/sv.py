@@ -168,6 +168,8 @@ class SvVerifyPolicy:
         return ((weights * p).sum(-1) / weights.sum(-1).clamp_min(1e-30)).tolist()
 
     def select(self, sequences, proposals: list[Proposal], slots, samplings) -> list[int]:
+        if not any(proposal.k for proposal in proposals):  # nothing drafted: no companion pass
+            return [0] * len(proposals)
         forecasts, realized = self.acceptance(sequences, proposals, slots, samplings)
         if len(forecasts) == 1:
             return [choose_length(forecasts[0], self.latency, self.plus_one, realized[0])]

@@ -1,0 +1,315 @@
+"""The goodput controller: before each step drafts, decide how many tokens each row of the batch
+drafts (0: that row takes a plain step in the same target forward), maximising the expected
+tokens per second of the whole step (docs/methods.md §7):
+
+    G(k_1..k_B) = Σ_q (1 + E[N_q | k_q]) / (T_other + T_draft(u) + T_verify(B + Σ_q fed(k_q)))
+
+E[N | k] = Σ_{n≤k} Π_{i≤n} a_i (policies.goodput) with a_i the row's forecast acceptance of
+position i given the ones before; u the draft work (the deepest budget for drafters whose
+forwards serve all rows at once, the total otherwise); fed(k) the tokens a row with budget k
+has verified (k for chains, a tree's size, less when lookups come up short or SV trims);
+T_other the rest of a step. Every term is learned from the steps' own timings and outcomes
+(policies.latency), so no separate profiling is needed; a `specpilot profile` curve, when given,
+is the prior. The all-zero plan (plain decoding) is always a candidate, so by its own estimates
+the controller never plans below plain decoding.
+
+Losslessness: a budget is fixed before drafting from the past alone, as for any adaptive draft
+length (docs/methods.md §1.2). A row's budget depends on its batchmates' forecasts, so under
+sampling a batched row keeps the target's distribution but not its solo tokens (§1.3).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from specpilot.config import require
+from specpilot.errors import ConfigError
+from specpilot.policies.base import DraftToken
+from specpilot.policies.goodput import marginal_order
+from specpilot.policies.latency import LatencyCurve
+from specpilot.types import StepRecord
+
+PRIOR_ACCEPTANCE = 0.5
+"""Acceptance assumed for a position nothing has been learned about yet."""
+
+
+class AcceptanceByPosition:
+    """Exponentially weighted acceptance of each draft position: a_i = P(accept i | accepted
+    1..i−1), counted over the steps that verified position i (positions after the first
+    rejection were not tested and count for nothing). Each update first multiplies the old
+    counts by `memory`, so a row that stops drafting drifts back to its prior."""
+
+    def __init__(self, memory: float) -> None:
+        require(0.0 <= memory < 1.0, f"acceptance memory must be in [0, 1), got {memory}")
+        self.memory = memory
+        self.accepted: list[float] = []
+        self.tested: list[float] = []
+
+    def add(self, verified: int, accepted: int) -> None:
+        self.accepted = [x * self.memory for x in self.accepted]
+        self.tested = [x * self.memory for x in self.tested]
+        for i in range(min(verified, accepted + 1)):
+            if i == len(self.tested):
+                self.accepted.append(0.0)
+                self.tested.append(0.0)
+            self.tested[i] += 1.0
+            self.accepted[i] += float(i < accepted)
+
+    def estimates(self, length: int, prior: Sequence[float] | None, strength: float) -> list[float]:
+        """a_1..a_length, each shrunk towards its prior with `strength` pseudo-steps; without a
+        prior list, towards the estimate of the position before (the first: PRIOR_ACCEPTANCE)."""
+        out: list[float] = []
+        for i in range(length):
+            base = prior[i] if prior is not None else (out[-1] if out else PRIOR_ACCEPTANCE)
+            seen = self.tested[i] if i < len(self.tested) else 0.0
+            hits = self.accepted[i] if i < len(self.accepted) else 0.0
+            out.append((hits + strength * base) / (seen + strength))
+        return out
+
+
+class ConfidenceCalibration:
+    """Acceptance as a function of the draft's confidence (its top probability at temperature
+    1) in `bins` equal bins over [0, 1], exponentially weighted over all rows, each bin shrunk
+    towards the position forecast with `strength` pseudo-counts."""
+
+    def __init__(self, bins: int = 10, memory: float = 0.995, strength: float = 2.0) -> None:
+        self.bins, self.memory, self.strength = bins, memory, strength
+        self.accepted = [0.0] * bins
+        self.tested = [0.0] * bins
+
+    def _bin(self, confidence: float) -> int:
+        return min(int(confidence * self.bins), self.bins - 1)
+
+    def add(self, confidence: float, accepted: bool) -> None:
+        self.accepted = [x * self.memory for x in self.accepted]
+        self.tested = [x * self.memory for x in self.tested]
+        b = self._bin(confidence)
+        self.tested[b] += 1.0
+        self.accepted[b] += float(accepted)
+
+    def acceptance(self, confidence: float, prior: float) -> float:
+        b = self._bin(confidence)
+        return (self.accepted[b] + self.strength * prior) / (self.tested[b] + self.strength)
+
+
+@dataclass
+class GoodputPolicy:
+    """A row's draft policy under the controller: drafts up to the budget the controller gives
+    it (at most `max_k`) and keeps the row's own acceptance by position (`memory` per step, a
+    few pseudo-steps of the batch-wide estimate as its prior).
+
+    Drafter confidence: before drawing each token from draft logits, the acceptance it forecasts
+    is refined by the draft's confidence there (ConfidenceCalibration), and drafting stops when
+    the position's expected gain (the chance of reaching it times that acceptance) falls below
+    what the controller says a verified position must bring (`prepare`). Decided from the
+    distribution before its token is drawn: lossless (docs/methods.md §1.2)."""
+
+    max_k: int = 8
+    memory: float = 0.8
+    strength: float = 2.0
+    acceptance: AcceptanceByPosition = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        require(1 <= self.max_k <= 64, f"goodput max_k must be in 1..64, got {self.max_k}")
+        require(self.strength > 0, f"goodput strength must be > 0, got {self.strength}")
+        self.reset()
+
+    def reset(self) -> None:
+        self.acceptance = AcceptanceByPosition(self.memory)
+        self.prepare([], 0.0, None)
+
+    def prepare(
+        self, forecast: Sequence[float], stop_gain: float, calibration: ConfidenceCalibration | None
+    ) -> None:
+        """Set by the controller before the row drafts: its forecast a_i for this step, the
+        least expected gain a drafted position must bring, and the batch-wide calibration."""
+        self.step_forecast = list(forecast)
+        self.stop_gain = stop_gain
+        self.calibration = calibration
+        self.reach = 1.0
+        self.confidences: list[float] = []
+
+    def draft_budget(self) -> int:
+        return self.max_k
+
+    def admits(self, logits: torch.Tensor | None) -> bool:
+        if self.calibration is None or logits is None:
+            return True
+        i = len(self.confidences)
+        forecast = self.step_forecast or [PRIOR_ACCEPTANCE]
+        confidence = float(logits.float().softmax(-1).max())
+        accept = self.calibration.acceptance(confidence, forecast[min(i, len(forecast) - 1)])
+        if self.reach * accept < self.stop_gain:
+            return False
+        self.confidences.append(confidence)
+        self.reach *= accept
+        return True
+
+    def continue_drafting(self, drafted: DraftToken) -> bool:
+        return True
+
+    def observe(self, record: StepRecord) -> None:
+        self.acceptance.add(record.num_verified, record.num_accepted)
+        if self.calibration is not None:
+            tested = min(record.num_verified, record.num_accepted + 1, len(self.confidences))
+            for i in range(tested):
+                self.calibration.add(self.confidences[i], i < record.num_accepted)
+        self.confidences = []
+
+    def forecast(self, prior: Sequence[float]) -> list[float]:
+        """This row's a_i for as many positions as `prior` (the batch-wide a_i) gives."""
+        return self.acceptance.estimates(len(prior), prior, self.strength)
+
+
+class GoodputController:
+    """Plans each step's per-row draft budgets (module docstring). One per engine: what it
+    learns about the machine and the drafter carries over from request to request.
+
+    `joint`: the drafter's forwards serve all drafting rows at once (a draft model or DVI
+    drafting chains), so drafting costs as much as the deepest budget; otherwise rows draft one
+    after another (eagle, dynamic trees, n-gram lookup) and the cost follows the total.
+    `verify_prior`: (tokens, seconds) points of a profiled T_verify. `probe_gap`: after that
+    many steps in which no row drafted, every row drafts one token, to learn whether drafting
+    pays now (the gap doubles after each probe, up to 32 times, so the probes cost little)."""
+
+    def __init__(
+        self,
+        joint: bool,
+        verify_prior: Iterable[tuple[float, float]] = (),
+        window: int = 9,
+        memory: float = 0.98,
+        strength: float = 2.0,
+        probe_gap: int = 16,
+    ) -> None:
+        require(probe_gap >= 1, f"goodput probe_gap must be >= 1, got {probe_gap}")
+        self.joint = joint
+        self.verify = LatencyCurve(verify_prior, window)
+        self.draft = LatencyCurve(window=window, proportional=True)
+        self.other: deque[float] = deque(maxlen=window)
+        self.acceptance = AcceptanceByPosition(memory)
+        self.calibration = ConfidenceCalibration(strength=strength)
+        self.strength = strength
+        self.fed_per_depth = 1.0
+        """Verified tokens per unit of budget, over all budgets (the guess for a new budget)."""
+        self.nodes_by_budget: dict[int, float] = {}
+        """Verified tokens of a row given each budget: the budget for chains, the tree size for
+        trees, less when lookups come up short or SV trims."""
+        self.probe_gap = self.gap = probe_gap
+        self.idle = 0
+
+    def reset(self) -> None:
+        """Nothing: the machine and the drafter do not change between requests."""
+
+    def plan(self, policies: Sequence, caps: Sequence[int]) -> list[int]:
+        """Final budgets (each 0..caps[q]) for rows whose policies and caps (the policy's budget
+        within the row's room) are given."""
+        caps = [max(cap, 0) for cap in caps]
+        if not any(caps):
+            return caps
+        if not self.verify.points():  # first time the plain step, the baseline of every plan
+            return [0] * len(caps)
+        missing = [p for p in policies if not hasattr(p, "forecast")]
+        if missing:
+            raise ConfigError(
+                f"the goodput controller plans with GoodputPolicy rows, got {type(missing[0])}"
+            )
+        prior = self.acceptance.estimates(max(caps), None, self.strength)
+        forecasts = [
+            policy.forecast(prior)[:cap] for policy, cap in zip(policies, caps, strict=True)
+        ]
+        if self.idle >= self.gap:  # a probe: one token each, no confidence stop
+            self.idle, self.gap = 0, min(2 * self.gap, 32 * self.probe_gap)
+            budgets, stop_gain = [min(cap, 1) for cap in caps], 0.0
+        else:
+            budgets, stop_gain = self.best_plan(forecasts)
+            if any(budgets):
+                self.idle, self.gap = 0, self.probe_gap
+            else:
+                self.idle += 1
+        for policy, forecast in zip(policies, forecasts, strict=True):
+            policy.prepare(forecast, stop_gain, self.calibration)
+        return budgets
+
+    def best_plan(self, forecasts: Sequence[Sequence[float]]) -> tuple[list[int], float]:
+        """The budgets maximising G given each row's forecast a_1..a_cap, and the expected
+        gain a drafted position must bring to pay for itself at that G (G times its marginal
+        seconds; drafting stops below it, GoodputPolicy). For every total n the
+        best n positions are the first n in marginal_order, so scanning that order (per common
+        depth D for joint drafters) covers every candidate plan, exactly when each position
+        costs the same tokens (chains; trees' costs per depth are learned, `nodes`). Plans
+        feeding the target more than twice the most tokens it was timed on are left out (the
+        next step measures further)."""
+        rows = len(forecasts)
+        other = statistics.median(self.other) if self.other else 0.0
+        # Beyond the largest size timed, T is a guess: go at most twice as far, then measure.
+        limit = 2 * self.verify.points()[-1][0]
+        items = list(marginal_order(forecasts))
+        deepest = max(len(f) for f in forecasts)
+        extra = [0.0] + [max(self.nodes(k) - self.nodes(k - 1), 0.0) for k in range(1, deepest + 1)]
+        best, best_depth, best_n = rows / (other + self.verify(rows)), 0, 0
+        for depth in range(1, deepest + 1) if self.joint else (deepest,):
+            counts = [0] * rows
+            expected, fed, n = float(rows), float(rows), 0
+            for q, gain, _ in items:
+                if counts[q] == depth:
+                    continue
+                counts[q] += 1
+                fed += extra[counts[q]]
+                if fed > limit and n >= rows:
+                    break
+                n += 1
+                expected += gain
+                drafting = self.draft(depth if self.joint else n)
+                goodput = expected / (other + drafting + self.verify(fed))
+                if goodput > best:
+                    best, best_depth, best_n = goodput, depth, n
+        budgets = [0] * rows
+        taken = 0
+        for q, _, _ in items:
+            if taken == best_n:
+                break
+            if budgets[q] < best_depth:
+                budgets[q] += 1
+                taken += 1
+        fed = rows + sum(self.nodes(k) for k in budgets)
+        seconds = (self.verify(fed) - self.verify(max(fed - 1, 1))) * self.fed_per_depth
+        if not self.joint:
+            seconds += self.draft(best_n) - self.draft(best_n - 1)
+        return budgets, best * seconds
+
+    def nodes(self, budget: int) -> float:
+        """Tokens a row with this budget is expected to have verified (a chain: the budget)."""
+        if budget <= 0:
+            return 0.0
+        return self.nodes_by_budget.get(budget, budget * self.fed_per_depth)
+
+    def observe(
+        self,
+        budgets: Sequence[int],
+        records: Sequence[StepRecord],
+        draft_s: float,
+        verify_s: float,
+        step_s: float,
+    ) -> None:
+        """One finished step: the budgets planned, each row's record, and the seconds spent
+        drafting (with selection: SV's companion), in the target forward, and in all."""
+        fed = sum(1 + record.num_nodes for record in records)
+        self.verify.add(fed, verify_s)
+        units = max(budgets, default=0) if self.joint else sum(budgets)
+        self.draft.add(units, draft_s)
+        self.other.append(max(step_s - draft_s - verify_s, 0.0))
+        planned = sum(budgets)
+        if planned:
+            ratio = sum(record.num_nodes for record in records) / planned
+            self.fed_per_depth = 0.9 * self.fed_per_depth + 0.1 * ratio
+        for budget, record in zip(budgets, records, strict=True):
+            if budget > 0:
+                known = self.nodes_by_budget.get(budget, record.num_nodes)
+                self.nodes_by_budget[budget] = 0.9 * known + 0.1 * record.num_nodes
+        for record in records:
+            self.acceptance.add(record.num_verified, record.num_accepted)

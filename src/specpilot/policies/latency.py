@@ -1,0 +1,108 @@
+"""Latency curves learned from the decode loop's own timings (docs/methods.md §7.2).
+
+The goodput controller needs T_verify(n), the seconds of one target forward over n tokens in
+all, and T_draft(u), the seconds of drafting u units, on the machine it runs on. Both change by
+an order of magnitude between machines (a float32-only CPU pays ~4x for 8 tokens, a bf16 one
+~1.1x), so they are measured, not assumed: every step adds one (size, seconds) sample.
+
+Estimator, chosen for a CPU shared with other work: per size, the median of its last `window`
+samples (a step slowed by another process is an outlier the median ignores, and old samples
+age out as the context grows); the medians then made non-decreasing in the size by weighted
+pool-adjacent-violators (more work never takes less time); linear between sizes. A prior curve
+(a `specpilot profile` JSON) fills sizes never measured, scaled by the median ratio of measured
+to prior where both exist (load and context differ from when it was profiled).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import statistics
+from collections import deque
+from collections.abc import Iterable
+
+from specpilot.config import require
+
+
+class LatencyCurve:
+    """T(size) from samples. `proportional`: a cost that scales with its size and is 0 at 0
+    (drafting: u draft forwards) — below and beyond the measured sizes it is scaled in
+    proportion, and with no sample it is 0 (optimistic, so the controller tries it and learns).
+    Otherwise (verification, size >= 1): flat below the first size; beyond the last, its
+    average slope over the measured range (flat with one size: optimistic, so larger sizes get
+    tried once)."""
+
+    def __init__(
+        self,
+        prior: Iterable[tuple[float, float]] = (),
+        window: int = 9,
+        proportional: bool = False,
+    ) -> None:
+        require(window >= 1, f"latency window must be >= 1, got {window}")
+        self.prior = {float(n): float(t) for n, t in prior}
+        require(
+            all(n >= 1 and math.isfinite(t) and t > 0 for n, t in self.prior.items()),
+            "a prior latency curve needs sizes >= 1 and seconds > 0",
+        )
+        self.window = window
+        self.proportional = proportional
+        self.samples: dict[float, deque[float]] = {}
+        self._points: list[tuple[float, float]] | None = None
+
+    def add(self, size: float, seconds: float) -> None:
+        """One measured step; a size of 0 (nothing to time) or a non-positive time is ignored."""
+        if size <= 0 or not math.isfinite(seconds) or seconds <= 0:
+            return
+        self.samples.setdefault(float(size), deque(maxlen=self.window)).append(float(seconds))
+        self._points = None
+
+    def measured(self, size: float) -> int:
+        """Samples held at this size."""
+        return len(self.samples.get(float(size), ()))
+
+    def points(self) -> list[tuple[float, float]]:
+        """The fitted (size, seconds) points, increasing in both."""
+        if self._points is None:
+            self._points = self._fit()
+        return self._points
+
+    def _fit(self) -> list[tuple[float, float]]:
+        medians = {n: (statistics.median(s), len(s)) for n, s in self.samples.items()}
+        ratios = [medians[n][0] / t for n, t in self.prior.items() if n in medians]
+        scale = statistics.median(ratios) if ratios else 1.0
+        for n, t in self.prior.items():
+            medians.setdefault(n, (t * scale, 1))
+        blocks: list[tuple[list[float], float, float]] = []  # (sizes, mean, weight)
+        for n in sorted(medians):
+            sizes, mean, weight = [n], *medians[n]
+            while blocks and blocks[-1][1] > mean:
+                before, before_mean, before_weight = blocks.pop()
+                total = before_weight + weight
+                sizes = before + sizes
+                mean = (before_mean * before_weight + mean * weight) / total
+                weight = total
+            blocks.append((sizes, mean, weight))
+        return [(n, mean) for sizes, mean, _ in blocks for n in sizes]
+
+    def __call__(self, size: float) -> float:
+        pts = self.points()
+        if self.proportional and size <= 0:
+            return 0.0
+        if not pts:
+            if self.proportional:
+                return 0.0
+            raise ValueError("no verify latency measured yet")
+        (n0, t0), (n1, t1) = pts[0], pts[-1]
+        if size <= n0:
+            return t0 * size / n0 if self.proportional else t0
+        if size >= n1:
+            if self.proportional:
+                return t1 * size / n1
+            slope = (t1 - t0) / (n1 - n0) if n1 > n0 else 0.0
+            return t1 + slope * (size - n1)
+        i = bisect.bisect_left(pts, size, key=lambda point: point[0])
+        (na, ta), (nb, tb) = pts[i - 1], pts[i]
+        return ta + (tb - ta) * (size - na) / (nb - na)
+
+    def __repr__(self) -> str:
+        return f"LatencyCurve({len(self.points())} points, {len(self.samples)} measured sizes)"

@@ -1,0 +1,279 @@
+"""The goodput controller's parts: the planner's math, the latency curves it learns from the
+steps' timings, the acceptance it forecasts, its probes, and how it is built by name."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+from tiny import save_tiny
+
+from specpilot.api import load_models, make_goodput
+from specpilot.bench.profile import profile_cache_path
+from specpilot.cli import main
+from specpilot.errors import ConfigError
+from specpilot.policies.controller import (
+    PRIOR_ACCEPTANCE,
+    AcceptanceByPosition,
+    ConfidenceCalibration,
+    GoodputController,
+    GoodputPolicy,
+)
+from specpilot.policies.goodput import allocate_batch, expected_accepted, marginal_order
+from specpilot.policies.latency import LatencyCurve
+from specpilot.types import StepRecord
+
+
+def controller(verify, draft=lambda u: 0.0, joint=True, other=0.0) -> GoodputController:
+    """A controller that has learned T_verify = verify(n) for n = 1..300, T_draft = draft(u)
+    for u = 1..16 and `other` seconds per step."""
+    c = GoodputController(joint=joint)
+    for n in range(1, 301):
+        c.verify.add(n, verify(n))
+    for u in range(1, 17):
+        c.draft.add(u, draft(u))
+    c.other.append(other)
+    return c
+
+
+def goodput(c: GoodputController, forecasts, budgets) -> float:
+    """G of a plan, computed directly from its definition."""
+    rows = len(budgets)
+    expected = rows + sum(expected_accepted(f, k) for f, k in zip(forecasts, budgets, strict=True))
+    units = max(budgets) if c.joint else sum(budgets)
+    fed = rows + sum(c.nodes(k) for k in budgets)
+    return expected / (c.other[0] + c.draft(units) + c.verify(fed))
+
+
+def test_picks_zero_when_verification_is_dear_and_acceptance_low():
+    c = controller(lambda n: 0.01 * n, draft=lambda u: 0.002 * u)
+    assert c.best_plan([[0.3] * 6, [0.2] * 6])[0] == [0, 0]
+
+
+def test_picks_long_drafts_when_verification_is_flat_and_acceptance_high():
+    c = controller(lambda n: 0.01 + 1e-5 * n, draft=lambda u: 0.0005 * u)
+    assert c.best_plan([[0.95] * 8])[0] == [8]
+    assert c.best_plan([[0.95] * 8, [0.9] * 8])[0] == [8, 8]
+
+
+def test_respects_each_rows_cap():
+    """A row's forecast is as long as it may draft (its room), and a cap of 0 drafts nothing."""
+    c = controller(lambda n: 0.01 + 1e-5 * n)
+    assert c.best_plan([[0.9] * 2, [0.9] * 5, []])[0] == [2, 5, 0]
+    policies = [GoodputPolicy(max_k=6) for _ in range(3)]
+    assert c.plan(policies, [1, 0, 6]) == [1, 0, 6]
+
+
+def test_weak_rows_wait_while_strong_rows_draft():
+    """With verification charged per token, only the rows whose drafts are likely accepted
+    draft, and the strong row drafts further than the middling one."""
+    c = controller(lambda n: 0.01 + 0.002 * n)
+    plan = c.best_plan([[0.1] * 6, [0.95] * 6, [0.7] * 6])[0]
+    assert plan[0] == 0 and plan[1] > plan[2] > 0
+
+
+@pytest.mark.parametrize("joint", [True, False])
+def test_plan_is_the_best_of_all_plans(joint):
+    """Exhaustive check on small batches: the scan in marginal order finds the maximum of G."""
+    rng = random.Random(0)
+    for trial in range(30):
+        slope, step = rng.choice([1e-4, 2e-3, 1e-2]), rng.choice([0.0, 1e-3, 5e-3])
+        c = controller(lambda n, s=slope: 0.01 + s * n, lambda u, d=step: d * u, joint=joint)
+        forecasts = [
+            sorted((rng.random() for _ in range(rng.randint(0, 3))), reverse=True) for _ in range(3)
+        ]
+        plan = c.best_plan(forecasts)[0]
+        best = max(
+            goodput(c, forecasts, [a, b, d])
+            for a in range(len(forecasts[0]) + 1)
+            for b in range(len(forecasts[1]) + 1)
+            for d in range(len(forecasts[2]) + 1)
+        )
+        assert goodput(c, forecasts, plan) == pytest.approx(best, rel=1e-9), (trial, plan)
+
+
+def test_joint_drafting_cost_follows_the_deepest_budget():
+    """A joint drafter pays per draft forward, whatever the number of rows drafting: a draft
+    step costing half a target step pays for a batch drafting together, not when each row's
+    tokens cost a forward of their own."""
+    verify = lambda n: 0.01 + 1e-5 * n  # noqa: E731
+    draft = lambda u: 0.005 * u  # noqa: E731
+    assert 0 not in controller(verify, draft, joint=True).best_plan([[0.8] * 4] * 8)[0]
+    assert controller(verify, draft, joint=False).best_plan([[0.8] * 4] * 8)[0] == [0] * 8
+
+
+def test_marginal_order_keeps_sv_allocation():
+    """allocate_batch (SV) walks marginal_order and still stops at the first non-improving step."""
+    p = [[0.9, 0.8, 0.1], [0.5, 0.4]]
+    order = [(q, round(g, 6)) for q, g, _ in marginal_order(p)]
+    assert order == [(0, 0.9), (0, 0.72), (1, 0.5), (1, 0.2), (0, 0.072)]
+    assert allocate_batch(p, lambda n: 1.0 + 0.1 * n) == [2, 1]
+
+
+def test_latency_curve_learns_from_noisy_synthetic_timings():
+    """T(n) = 10 ms + 1 ms·n measured with noise and 10 % of steps slowed 5x by another process:
+    the medians ignore the slow steps, the fit is non-decreasing, and reads between sizes."""
+    rng = random.Random(1)
+    curve = LatencyCurve(window=15)
+    for _ in range(20):
+        for n in (1, 2, 4, 8, 16, 32):
+            t = (0.010 + 0.001 * n) * rng.uniform(0.95, 1.05)
+            curve.add(n, t * (5 if rng.random() < 0.1 else 1))
+    for n in (1, 3, 6, 12, 24, 32):
+        assert curve(n) == pytest.approx(0.010 + 0.001 * n, rel=0.08)
+    values = [curve(n) for n in range(1, 64)]
+    assert values == sorted(values)
+    assert curve(64) == pytest.approx(0.074, rel=0.1)  # the measured slope, beyond the range
+    assert curve(0.5) == curve(1)
+
+
+def test_latency_curve_is_monotone_and_scales_its_prior():
+    curve = LatencyCurve(prior=[(1, 1.0), (2, 1.1), (4, 1.2), (8, 2.0)])
+    assert curve(3) == pytest.approx(1.15)
+    curve.add(1, 2.0)
+    curve.add(2, 2.2)  # the machine is twice as slow now: unmeasured sizes follow
+    assert curve(8) == pytest.approx(4.0)
+    curve.add(4, 1.0)  # an out-of-order median is pooled with its neighbours
+    points = curve.points()
+    assert [t for _, t in points] == sorted(t for _, t in points)
+    with pytest.raises(ValueError, match="no verify latency"):
+        LatencyCurve()(1)
+
+
+def test_draft_curve_is_proportional():
+    curve = LatencyCurve(proportional=True)
+    assert curve(3) == 0.0  # nothing measured: optimistic, so drafting gets tried
+    curve.add(2, 0.02)
+    assert curve(0) == 0.0 and curve(1) == pytest.approx(0.01) and curve(6) == pytest.approx(0.06)
+
+
+def test_acceptance_by_position_counts_only_tested_positions():
+    acceptance = AcceptanceByPosition(memory=0.5)
+    acceptance.add(verified=4, accepted=1)  # position 1 accepted, 2 rejected, 3-4 untested
+    assert acceptance.tested == [1.0, 1.0] and acceptance.accepted == [1.0, 0.0]
+    acceptance.add(verified=0, accepted=0)  # a step that drafted nothing: only forgetting
+    assert acceptance.tested == [0.5, 0.5]
+    a = acceptance.estimates(3, None, strength=1.0)
+    assert a[0] == pytest.approx((0.5 + PRIOR_ACCEPTANCE) / 1.5)
+    assert a[2] == pytest.approx(a[1])  # untested: the position before's estimate
+    assert acceptance.estimates(2, [0.9, 0.9], strength=1.0)[1] == pytest.approx(0.9 / 1.5)
+
+
+def test_row_policy_learns_its_acceptance_and_resets():
+    policy = GoodputPolicy(max_k=4, memory=0.95)
+    for _ in range(10):
+        policy.observe(StepRecord(4, 4, 4, 5, 0.0, 0.0, 10, 4))
+    assert min(policy.forecast([0.1] * 4)) > 0.8
+    policy.reset()
+    assert policy.forecast([0.1] * 4) == pytest.approx([0.1] * 4)
+    with pytest.raises(ConfigError, match="max_k"):
+        GoodputPolicy(max_k=0)
+
+
+def test_confidence_calibration_learns_acceptance_by_confidence():
+    calibration = ConfidenceCalibration(bins=4, memory=1.0, strength=2.0)
+    for _ in range(50):
+        calibration.add(0.1, accepted=False)
+        calibration.add(0.9, accepted=True)
+    assert calibration.acceptance(0.2, prior=0.5) < 0.05
+    assert calibration.acceptance(0.95, prior=0.5) > 0.95
+    assert calibration.acceptance(0.6, prior=0.5) == 0.5  # nothing seen: the prior
+
+
+def test_low_draft_confidence_stops_drafting_before_the_token():
+    calibration = ConfidenceCalibration(bins=4, memory=1.0)
+    for _ in range(50):
+        calibration.add(0.1, accepted=False)
+        calibration.add(0.9, accepted=True)
+    sure, unsure = torch.zeros(8), torch.zeros(8)  # top probabilities 0.98 and 0.14
+    sure[0], unsure[0] = 8.0, 0.1
+    policy = GoodputPolicy(max_k=4)
+    assert policy.admits(unsure)  # no controller: no confidence stop
+    policy.prepare([0.8] * 4, 0.3, calibration)
+    assert policy.admits(sure) and policy.admits(sure)
+    assert not policy.admits(unsure)
+    policy.prepare([0.8] * 4, 0.0, calibration)  # verification free: never stop
+    assert policy.admits(unsure)
+    # the verified outcome calibrates: position 1 accepted, 2 rejected
+    policy.prepare([0.8] * 4, 0.0, calibration)
+    assert policy.admits(sure) and policy.admits(sure)
+    before = list(calibration.tested)
+    policy.observe(StepRecord(2, 2, 1, 2, 0.0, 0.0, 9, 2))
+    assert sum(calibration.tested) == sum(before) + 2 and policy.confidences == []
+
+
+def test_stop_gain_is_what_a_position_costs_at_the_planned_goodput():
+    flat = controller(lambda n: 0.01, draft=lambda u: 0.0)
+    assert flat.best_plan([[0.9] * 4])[1] == 0.0
+    steep = controller(lambda n: 0.01 + 0.001 * n)
+    budgets, stop_gain = steep.best_plan([[0.9] * 4])
+    assert stop_gain == pytest.approx(goodput(steep, [[0.9] * 4], budgets) * 0.001)
+
+
+def test_first_step_is_plain_and_idle_steps_lead_to_a_probe():
+    c = GoodputController(joint=True, probe_gap=2)
+    policies = [GoodputPolicy(max_k=4) for _ in range(2)]
+    assert c.plan(policies, [4, 4]) == [0, 0]  # nothing measured: the plain step first
+    c.observe([0, 0], [StepRecord(0, 0, 0, 1, 0.0, 0.0, 5, 0)] * 2, 0.0, 1.0, 1.0)
+    c.draft.add(1, 10.0)  # drafting is hopeless
+    plans = [c.plan(policies, [4, 4]) for _ in range(3)]
+    assert plans == [[0, 0], [0, 0], [1, 1]]  # after probe_gap idle steps, one probe
+    assert c.gap == 4  # the next probe waits twice as long
+    assert c.plan(policies, [0, 0]) == [0, 0]
+    with pytest.raises(ConfigError, match="GoodputPolicy"):
+        c.plan([object(), object()], [4, 4])
+
+
+def test_observe_learns_verify_draft_and_tree_width():
+    c = GoodputController(joint=False)
+    records = [StepRecord(3, 3, 1, 2, 0.0, 0.0, 9, 6), StepRecord(0, 0, 0, 1, 0.0, 0.0, 9, 0)]
+    c.observe([3, 0], records, draft_s=0.3, verify_s=0.5, step_s=1.0)
+    assert c.verify.measured(2 + 6) == 1 and c.draft(3) == pytest.approx(0.3)
+    assert c.other[0] == pytest.approx(0.2)
+    assert c.fed_per_depth == pytest.approx(0.9 + 0.1 * 2)  # 6 tree nodes for 3 drafted levels
+    assert c.nodes(3) == 6 and c.nodes(2) == pytest.approx(2 * c.fed_per_depth)
+
+
+def test_a_tree_of_fixed_size_drafts_as_deep_as_it_may():
+    """A tree verifies 8 nodes at depth 1 and 16 at any depth beyond: past depth 2 going deeper
+    costs no verification, so the plan uses the whole cap."""
+    c = controller(lambda n: 0.01 + 2e-4 * n, draft=lambda u: 1e-4 * u, joint=False)
+    c.nodes_by_budget = {1: 8.0, **{k: 16.0 for k in range(2, 9)}}
+    assert c.best_plan([[0.7] * 6])[0] == [6]
+    c.nodes_by_budget = {k: 8.0 * k for k in range(1, 9)}  # a tree growing 8 nodes per level
+    assert c.best_plan([[0.7] * 6])[0] < [6]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    folder = save_tiny(tmp_path_factory.mktemp("goodput") / "target", seed=0)
+    return load_models(str(folder), None, "float32", "cpu", 64)
+
+
+def test_make_goodput_reads_a_cached_profile(models, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECPILOT_CACHE", str(tmp_path))
+    policy, planner, verify = make_goodput(models, None, max_k="5")
+    assert policy.max_k == 5 and verify is None and not planner.verify.points()
+    path = profile_cache_path(models.target.name, models.target.runner.dtype)
+    assert path.parent == tmp_path / "profiles" and path.name.endswith("-float32.json")
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"verify_ms": {"128": [2.0, 2.5, 3.0]}}))
+    _, planner, _ = make_goodput(models, None)
+    assert planner.verify(2) == pytest.approx(0.0025)
+    with pytest.raises(ConfigError, match="goodput option"):
+        make_goodput(models, None, memory="lots")
+    with pytest.raises(ConfigError, match="unknown goodput option.*gamma"):
+        make_goodput(models, None, gamma=3)
+
+
+def test_generate_with_goodput_policy(capsys, tmp_path):
+    target = save_tiny(tmp_path / "target", seed=0)
+    draft = save_tiny(tmp_path / "draft", seed=1)
+    common = ["--target", str(target), "--dtype", "float32", "--max-new-tokens", "8"]
+    for drafter in (["--draft", str(draft)], ["--drafter", "ngram"]):
+        code = main(["generate", *common, *drafter, "--policy", "goodput", "--prompt", "w5 w6"])
+        assert code == 0
+    assert main(["generate", *common, "--policy", "goodput", "--k", "3", "--prompt", "w5"]) == 2
+    assert "--k sets the draft length" in capsys.readouterr().err
