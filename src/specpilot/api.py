@@ -63,6 +63,11 @@ def build_engine(
         if verify_policy is not None:
             raise ConfigError("policy 'sv' brings its own verify policy; pass no verify_policy")
         policy, verify_policy = make_sv(models, **policy_options)
+    if policy == "ltd":  # the committed policies of this target unless a folder is named
+        policy = make_draft_policy("ltd", **{"target": target.name, **policy_options})
+    shaping = getattr(policy, "drafter_options", None)  # LTD sets the tree's width and depth
+    if shaping is not None:
+        drafter_options = shaping(drafter, drafter_options or {})
     draft = make_drafter(drafter, models.draft, target, **(drafter_options or {}))
     if isinstance(policy, str):
         # A drafter with a natural draft length (a tree's depth) sets constant k's default.

@@ -252,6 +252,7 @@ class SpeculativeEngine:
                 verify_s=verify_s,
                 context_len=len(row.sequence),
                 num_nodes=proposal.k,
+                policy_s=self._policy_seconds(row.policy),
             )
             row.stats.add(record)
             row.policy.observe(record)
@@ -304,6 +305,12 @@ class SpeculativeEngine:
             sampling,
             [row.generator for row in rows],
         )
+
+    @staticmethod
+    def _policy_seconds(policy: DraftPolicy) -> float:
+        """A learned policy's own deciding time this step (LTD's `take_seconds`), else 0."""
+        take = getattr(policy, "take_seconds", None)
+        return 0.0 if take is None else take()
 
     def _row_policy(self, slot: int) -> DraftPolicy:
         """Row 0 drives the engine's own policy object; other rows get fresh copies of it."""
