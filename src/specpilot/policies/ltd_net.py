@@ -14,7 +14,6 @@ import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
