@@ -31,9 +31,7 @@ def ltd_engine(model, use="both", check_every=1, batch_size=1, nodes=8):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize(
-    "use,check_every", [("both", 1), ("depth", 1), ("size", 1), ("both", 2)]
-)
+@pytest.mark.parametrize("use,check_every", [("both", 1), ("depth", 1), ("size", 1), ("both", 2)])
 def test_greedy_identity(dtype, use, check_every):
     model = tiny_target(dtype)
     plain = SpeculativeEngine(DecoderRunner(model), TinyTokenizer(), eos_ids=set())

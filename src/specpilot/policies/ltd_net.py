@@ -129,8 +129,10 @@ class LtdNets:
             shape = LtdShape(**config["shape"])
             hidden = config["hidden"]
             nets = cls(shape, target=config.get("target"))
-            features = {"depth": (shape.depth_features, 2), "size": (shape.size_features,
-                                                                   shape.size_actions)}
+            features = {
+                "depth": (shape.depth_features, 2),
+                "size": (shape.size_features, shape.size_actions),
+            }
             for name in hidden:
                 require(name in features, f"unknown policy {name!r}")
                 inputs, outputs = features[name]
