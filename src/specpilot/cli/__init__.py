@@ -20,6 +20,7 @@ COMMANDS = (
     "generate",
     "train_dvi",
     "train_eagle",
+    "train_ltd",
     "plot_dvi",
     "bench",
     "profile",
