@@ -14,6 +14,7 @@ import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
@@ -141,7 +142,7 @@ class LtdNets:
                 setattr(nets, name, net.eval().requires_grad_(False))
         except ConfigError as error:
             raise ConfigError(f"bad LTD policy folder {folder}: {error}") from None
-        except (OSError, ValueError, KeyError, TypeError, RuntimeError) as error:
+        except (OSError, ValueError, KeyError, TypeError, RuntimeError, SafetensorError) as error:
             detail = str(error).splitlines()[0] if str(error) else type(error).__name__
             raise ConfigError(
                 f"bad LTD policy folder {folder}: {detail}; train it again with "
