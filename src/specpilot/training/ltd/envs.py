@@ -195,6 +195,6 @@ def static_grid(log: ReplayLog, cost: CostModel, sizes=(4, 8, 16, 24, 32, 48, 60
         for size in sizes:
             if size <= log.shape.candidates(depth):
                 chooser = Chooser(log, fixed_depth=depth, fixed_size=size)
-                results.append({"depth": depth, "size": size,
-                                **replay_throughput(log, cost, chooser)})  # fmt: skip
+                results.append({**replay_throughput(log, cost, chooser), "depth": depth,
+                                "size": size})  # fmt: skip
     return results

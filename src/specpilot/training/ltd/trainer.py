@@ -162,7 +162,7 @@ def _summary(train, valid, cost, config, stages, pair) -> dict:
     static = {}
     for label, depth, size in (("best_static", best["depth"], best["size"]), ("default", 4, 16)):
         chooser = Chooser(valid, fixed_depth=depth, fixed_size=size)
-        static[label] = {"depth": depth, "size": size, **replay_throughput(valid, cost, chooser)}
+        static[label] = {**replay_throughput(valid, cost, chooser), "depth": depth, "size": size}
     kinds = {"both": (pair["depth"], pair["size"]), "depth": (pair["depth"], None),
              "size": (None, pair["size"])}  # fmt: skip
     ltd = {}
