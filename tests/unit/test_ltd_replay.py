@@ -88,6 +88,8 @@ def test_cost_model_interpolates():
     cost = cost_model()
     assert cost.verify(1, 10) == 5.0 and cost.verify(64, 100) == 12.0
     assert cost.verify(128, 10) == pytest.approx(9.0 + 64 * 4 / 63)  # extrapolated
+    flat = CostModel([1.0], [1], [1, 2, 3], [[5.0, 9.0, 8.0]])
+    assert flat.verify(5, 1) == pytest.approx(8.0 + 2 * 1.5)  # the whole curve's slope
     assert cost.verify(1, 55) == pytest.approx(5.5)
     assert cost.cycle_ms(2, 63, 10) == 2.0 + 9.0
 

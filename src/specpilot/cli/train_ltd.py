@@ -40,7 +40,8 @@ def register(commands) -> None:
     parser.add_argument("--max-prompt-tokens", type=int, default=768)
     parser.add_argument(
         "--profile",
-        help="`specpilot profile --out` JSON for the verify latency (default: measure a few sizes)",
+        help="`specpilot profile --out` JSON (with --eagle-head: also the draft cost) for the cost "
+        "model (default: verify measured at a few sizes, draft time as recorded)",
     )
     shape = LtdShape()
     parser.add_argument("--topk", type=int, default=shape.topk, help="tree frontier width W")
@@ -70,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
     from specpilot.training.ltd.cost import (
         CostModel,
         draft_curve,
+        draft_from_profile,
         measure_verify,
         verify_from_profile,
     )
@@ -113,13 +115,18 @@ def run(args: argparse.Namespace) -> int:
     if cost_path.is_file():
         cost = CostModel.load(cost_path)
     else:
+        draft = draft_curve(log.draft_ms)
+        source = "draft: recorded"
         if args.profile:
             contexts, sizes, ms = verify_from_profile(args.profile)
-            source = f"profile {args.profile}"
+            source += f"; verify: profile {args.profile}"
+            profiled = draft_from_profile(args.profile, shape.max_depth)
+            if profiled is not None:
+                draft, source = profiled, f"draft and verify: profile {args.profile}"
         else:
             contexts, sizes, ms = measure_verify(target.runner, progress=not args.quiet)
-            source = "measured by train-ltd"
-        cost = CostModel(draft_curve(log.draft_ms), contexts, sizes, ms, source)
+            source += "; verify: measured by train-ltd"
+        cost = CostModel(draft, contexts, sizes, ms, source)
         cost.save(cost_path)
     print(f"training on {len(log)} recorded positions", file=sys.stderr)
     summary = train_ltd(log, cost, out, config, target=target.name, progress=not args.quiet)

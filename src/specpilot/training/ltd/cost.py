@@ -1,12 +1,18 @@
 """LTD's cost model: the wall time of a draft–verify cycle for a (depth, size) choice.
 
-T(d, V, L) = T_draft(d) + T_verify(V + 1, L). T_draft(d) is the drafter's cumulative time to
-grow d levels (catch-up and root included), the median over the replay positions where it was
-measured. T_verify(n, L) is one target forward over n new tokens after L cached ones, linear
-in n between measured points (and beyond the last, along the last segment) and in L between
-measured contexts: from `specpilot profile --out FILE` (its verify_ms curves; profile with
---max-verify 256 to cover the largest trees) or, without one, measured here at a few sizes.
-Tree-mask building and the commit are left out (small next to the target forward).
+T(d, V, L) = T_draft(d) + T_verify(V + 1, L).
+
+T_draft(d) is the drafter's cumulative time to grow d levels (catch-up and root included):
+from a profile's feature-drafter step times (`specpilot profile --eagle-head default`: one
+step, then a level of 8 rows per further level; a level's cost barely depends on its rows at
+these sizes), else the median over the replay positions where it was measured while recording
+(inflated if the machine was busy).
+
+T_verify(n, L) is one target forward over n new tokens after L cached ones, linear in n between
+measured points (beyond the last, along the whole curve's mean slope) and in L between measured
+contexts: from `specpilot profile --out FILE` (its verify_ms curves; profile with --max-verify
+256 to cover the largest trees) or, without one, measured here at a few sizes. Tree-mask
+building and the commit are left out (small next to the target forward).
 """
 
 from __future__ import annotations
@@ -57,7 +63,7 @@ class CostModel:
 def _linear(xs: list[int], ys: list[float], x: float) -> float:
     if x <= xs[-1] or len(xs) == 1:
         return float(np.interp(x, xs, ys))
-    slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+    slope = max(0.0, (ys[-1] - ys[0]) / (xs[-1] - xs[0]))  # the whole curve's: robust to noise
     return ys[-1] + slope * (x - xs[-1])
 
 
@@ -80,6 +86,15 @@ def verify_from_profile(path: str | Path) -> tuple[list[int], list[int], list[li
     width = min(len(curves[c]) for c in contexts)
     sizes = list(range(1, width + 1))
     return contexts, sizes, [curves[c][:width] for c in contexts]
+
+
+def draft_from_profile(path: str | Path, max_depth: int) -> list[float] | None:
+    """Cumulative draft ms per depth from a profile's eagle_step_ms, None if it has none."""
+    steps = json.loads(Path(path).read_text()).get("eagle_step_ms")
+    if not steps:
+        return None
+    first, level = float(steps["1"]), float(steps["8"])
+    return [first + d * level for d in range(max_depth)]
 
 
 def measure_verify(runner, repeats: int = 3, progress: bool = True):

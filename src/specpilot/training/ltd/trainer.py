@@ -214,7 +214,8 @@ def _run_stage(stage, steps, train, valid, cost, config, nets, csv_log, progress
         return
     callback = _Evaluate(stage, valid, cost, config, nets, csv_log, shape, steps, progress)
     model.learn(remaining, callback=callback, reset_num_timesteps=False)
-    callback.evaluate(model)
+    if callback.last_eval != model.num_timesteps:
+        callback.evaluate(model)
     model.save(checkpoint)
 
 
