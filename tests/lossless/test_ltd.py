@@ -9,9 +9,10 @@ import torch
 from eagle_fixtures import tiny_head, tiny_target
 from ltd_fixtures import tiny_nets
 from test_engine_sampling import SAMPLINGS, VOCAB, chi_square_pvalue, exact_joint_distribution
-from tiny import TinyTokenizer
+from tiny import TinyTokenizer, perturbed
 
 from specpilot.config import GenerationConfig
+from specpilot.drafting import ModelDrafter
 from specpilot.drafting.eagle import EagleDrafter
 from specpilot.engine import SpeculativeEngine
 from specpilot.models.decoder import DecoderRunner
@@ -68,3 +69,21 @@ def test_sampled_output_follows_target(sampling):
     engine = ltd_engine(model)
     expected = exact_joint_distribution(model, sampling)
     assert chi_square_pvalue(engine, expected, sampling) > 1e-3
+
+
+def test_model_drafter_trees_with_ltd_equal_plain():
+    """The model drafter's dynamic trees take the same policies (depth: its budget)."""
+    model = tiny_target()
+    plain = SpeculativeEngine(DecoderRunner(model), TinyTokenizer(), eos_ids=set())
+    drafter = ModelDrafter(DecoderRunner(perturbed(model, 0.3)), topk=SHAPE.topk, nodes=8)
+    policy = LtdPolicy(tiny_nets(SHAPE))
+    engine = SpeculativeEngine(
+        DecoderRunner(model), TinyTokenizer(), drafter, policy, eos_ids=set()
+    )
+    depths = set()
+    for prompt in PROMPTS:
+        config = GenerationConfig(max_new_tokens=30)
+        result = engine.generate(prompt, config)
+        assert result.token_ids == plain.generate(prompt, config).token_ids
+        depths |= {r.num_drafted for r in result.stats.records}
+    assert len(depths) > 1
