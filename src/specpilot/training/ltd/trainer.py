@@ -27,6 +27,7 @@ from stable_baselines3.common.callbacks import BaseCallback
 from tqdm import tqdm
 
 from specpilot.config import require
+from specpilot.policies.ltd import single_thread
 from specpilot.policies.ltd_net import DEFAULT_HIDDEN, LtdNets, mlp
 from specpilot.training.ltd.config import LtdTrainConfig
 from specpilot.training.ltd.cost import CostModel
@@ -127,8 +128,11 @@ def train_ltd(
     progress: bool = True,
 ) -> dict:
     """Run (or resume) every stage; export the best pair to out/policies; return the summary."""
-    config = config or LtdTrainConfig()
-    out = Path(out)
+    with single_thread():
+        return _train(log, cost, Path(out), config or LtdTrainConfig(), target, progress)
+
+
+def _train(log, cost, out: Path, config: LtdTrainConfig, target, progress) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     train, valid = split(log, config.valid_fraction, config.seed)
     csv_log = _Log(out / "train_log.csv")
