@@ -153,3 +153,25 @@ def test_policy_folder_round_trip_and_errors(tmp_path):
     (tmp_path / "run" / "policies" / "size.safetensors").write_bytes(b"garbage")
     with pytest.raises(ConfigError, match="bad LTD policy folder"):
         LtdNets.load(tmp_path / "run" / "policies")
+
+
+def test_trainer_resumes_an_interrupted_stage(log, tmp_path):
+    """A stage without done.json continues from its checkpoint's step count; the export is a
+    loadable folder; the learning rate warms up then decays to 0."""
+    import json
+
+    from specpilot.training.ltd.config import LtdTrainConfig
+    from specpilot.training.ltd.trainer import learning_rate, train_ltd
+
+    small = dict(depth_steps=0, co_iterations=0, n_steps=16, batch_size=8, n_epochs=1,
+                 eval_every=16, valid_fraction=0.34, fixed_size=8)  # fmt: skip
+    train_ltd(log, cost_model(), tmp_path, LtdTrainConfig(size_steps=32, **small), progress=False)
+    (tmp_path / "stages" / "1-size" / "done.json").unlink()
+    summary = train_ltd(log, cost_model(), tmp_path, LtdTrainConfig(size_steps=64, **small),
+                        progress=False)  # fmt: skip
+    steps = [row.split(",")[2] for row in (tmp_path / "train_log.csv").read_text().splitlines()]
+    assert steps[1:] == ["16", "32", "48", "64"]  # resumed at 32, not restarted
+    assert json.loads((tmp_path / "summary.json").read_text()) == summary
+    assert LtdNets.load(tmp_path / "policies").depth is None
+    schedule = learning_rate(LtdTrainConfig(lr=1e-3, warmup=0.1))
+    assert schedule(1.0) < 1e-4 and schedule(0.9) == pytest.approx(1e-3) and schedule(0.0) == 0
