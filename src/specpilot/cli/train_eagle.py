@@ -106,10 +106,7 @@ def run(args: argparse.Namespace) -> int:
     )
     target = models.target
     shape = EagleShape.for_target(
-        target.runner,
-        target.tokenizer,
-        args.feature_layers,
-        args.draft_vocab,
+        target.runner, target.tokenizer, args.feature_layers, args.draft_vocab,
         args.head_intermediate,
     )
     out = Path(args.out)
