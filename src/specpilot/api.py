@@ -69,6 +69,11 @@ def build_engine(
         raise ConfigError(f"policy {policy!r} brings its own verify policy; pass no verify_policy")
     if policy == "sv":
         policy, verify_policy = make_sv(models, **policy_options)
+    if policy == "ltd":  # the committed policies of this target unless a folder is named
+        policy = make_draft_policy("ltd", **{"target": target.name, **policy_options})
+    shaping = getattr(policy, "drafter_options", None)  # LTD sets the tree's width and depth
+    if shaping is not None:
+        drafter_options = shaping(drafter, drafter_options or {})
     draft = make_drafter(drafter, models.draft, target, **(drafter_options or {}))
     planner = None
     if policy == "goodput":

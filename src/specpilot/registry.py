@@ -18,11 +18,13 @@ from specpilot.drafting.dynamic_tree import DEFAULT_DEPTH, DEFAULT_NODES, DEFAUL
 from specpilot.errors import ConfigError
 from specpilot.models.vocab import DraftVocabulary
 from specpilot.policies import ConstantPolicy, HeuristicPolicy, SvipPolicy
+from specpilot.policies.ltd import LtdPolicy
 
 DRAFT_POLICIES: dict[str, Callable[..., Any]] = {
     "constant": ConstantPolicy,
     "heuristic": HeuristicPolicy,
     "svip": SvipPolicy,
+    "ltd": LtdPolicy,
 }
 
 POLICIES = (*DRAFT_POLICIES, "sv", "goodput")
@@ -79,8 +81,25 @@ def make_draft_policy(name: str, **options: Any):
     """A fresh draft policy by name, e.g. make_draft_policy("constant", k="4")."""
     if name not in DRAFT_POLICIES:
         raise ConfigError(f"unknown draft policy {name!r}; choose from {', '.join(DRAFT_POLICIES)}")
+    if name == "ltd":
+        return make_ltd_policy(**options)
     cls = DRAFT_POLICIES[name]
     return cls(**_convert(cls, options))
+
+
+def make_ltd_policy(
+    policies: str | None = None,
+    target: str | None = None,
+    use: str = "both",
+    check_every: int | str = 1,
+) -> LtdPolicy:
+    """LTD's learned tree policies from `policies` (a `train-ltd --out` folder or its policies/
+    folder; default: the ones committed for `target`); `use` both, depth or size; the depth
+    policy consulted every `check_every` levels."""
+    from specpilot.policies.ltd_net import LtdNets, resolve_policies
+
+    nets = LtdNets.load(resolve_policies(policies, target))
+    return LtdPolicy(nets, use, _count(check_every, "check_every"))
 
 
 def _flag(value: Any) -> bool:

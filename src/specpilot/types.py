@@ -116,3 +116,5 @@ class StepRecord:
     num_nodes: int
     """Drafted tokens fed to the target in the verify forward (num_verified for a chain, every
     node for a tree)."""
+    policy_s: float = 0.0
+    """Seconds a learned draft policy spent deciding (LTD), part of draft_s."""

@@ -54,13 +54,19 @@ def _median_ms(run, repeats: int) -> float:
 
 def latency_curve(runner, context: int, max_new: int, repeats: int, progress=None) -> list[float]:
     """Milliseconds of one forward over n = 1..max_new new tokens after `context` cached ones."""
+    return latency_points(runner, context, range(1, max_new + 1), repeats, progress)
+
+
+def latency_points(runner, context: int, sizes, repeats: int, progress=None) -> list[float]:
+    """Milliseconds of one forward over each of `sizes` new tokens after `context` cached ones."""
     runner.reset()
     span = min(1000, runner.vocab_size - 3)
-    filler = [3 + (i * 7919) % span for i in range(context)]  # arbitrary ordinary token ids
-    runner.forward(filler, logits="none")
+    count = context + max(sizes)
+    filler = [3 + (i * 7919) % span for i in range(count)]  # arbitrary ordinary token ids
+    runner.forward(filler[:context], logits="none")
     curve = []
-    for n in range(1, max_new + 1):
-        new = filler[:n]
+    for n in sizes:
+        new = filler[context : context + n]
 
         def step(new=new):
             runner.forward(new, logits="all")
@@ -70,6 +76,7 @@ def latency_curve(runner, context: int, max_new: int, repeats: int, progress=Non
         curve.append(_median_ms(step, repeats))
         if progress is not None:
             progress.update()
+    runner.reset()
     return curve
 
 

@@ -22,6 +22,7 @@ COMMANDS = (
     "bench_serve",
     "train_dvi",
     "train_eagle",
+    "train_ltd",
     "plot_dvi",
     "bench",
     "profile",

@@ -95,6 +95,11 @@ def add_method_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--sv-profile", help="SV acceptance profile from `specpilot profile-sv`")
     parser.add_argument(
+        "--ltd-policies",
+        help="--policy ltd: a `train-ltd --out` folder (default: the policies committed for the "
+        "target); options use=both|depth|size, check_every=N via --policy-option",
+    )
+    parser.add_argument(
         "--dvi-adapter", help="--drafter dvi: a trained head (`train-dvi --out` folder or adapter)"
     )
     parser.add_argument(
@@ -162,6 +167,12 @@ def policy_options(args: argparse.Namespace) -> dict[str, str]:
                 f"--k sets the draft length of --policy constant, not of {args.policy!r}"
             )
         options["k"] = str(args.k)
+    if args.policy == "ltd":
+        options.update(target=args.target)
+        if args.ltd_policies:
+            options["policies"] = args.ltd_policies
+    elif args.ltd_policies:
+        raise ConfigError("--ltd-policies belongs to --policy ltd")
     if args.policy == "sv":
         options.update(sv_profile=args.sv_profile, companion=args.companion)
     elif args.policy == "goodput":  # SV trims what the controller drafted

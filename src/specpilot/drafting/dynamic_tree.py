@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specpilot.config import require
-from specpilot.policies.base import DraftPolicy, DraftToken
+from specpilot.policies.base import DraftPolicy, DraftToken, TreePolicy
 
 DEFAULT_DEPTH, DEFAULT_TOPK, DEFAULT_NODES = 4, 8, 16
 """Tree defaults from the measured costs (BENCHMARKS §8.3): on the 1.5B target one verify forward
@@ -45,6 +45,8 @@ class DynamicTree:
     depths: list[int] = field(default_factory=list)
     frontier: list[int] = field(default_factory=list)
     """The nodes whose children the next expansion scores, best first."""
+    level_starts: list[int] = field(default_factory=list)
+    """Per level grown: the index of its first node (level d holds nodes level_starts[d − 1]..)."""
 
     def __post_init__(self) -> None:
         require(self.topk >= 1, f"tree topk must be >= 1, got {self.topk}")
@@ -60,6 +62,7 @@ class DynamicTree:
         base = torch.tensor([self.scores[p] if p >= 0 else 0.0 for p in parents])
         cumulative = (base[:, None] + top.values).flatten()
         first = len(self.tokens)
+        self.level_starts.append(first)
         for row, parent in enumerate(parents):
             depth = 1 if parent < 0 else self.depths[parent] + 1
             for col in range(k):
@@ -70,16 +73,24 @@ class DynamicTree:
         best = torch.sort(-cumulative, stable=True).indices[: self.topk]
         self.frontier = [first + int(i) for i in best]
 
+    @property
+    def levels(self) -> int:
+        return len(self.level_starts)
+
     def best(self) -> int:
         """The frontier node most likely to be accepted (highest cumulative score)."""
         return self.frontier[0]
 
-    def select(self) -> tuple[list[int], tuple[int, ...]]:
-        """The best `nodes` candidates as (tokens, parents): the best path first (the chain a
-        chain drafter would have proposed), then the rest by score; parents precede children."""
-        ranked = sorted(
-            range(len(self.tokens)), key=lambda i: (-self.scores[i], self.depths[i], i)
-        )[: self.nodes]
+    def ranking(self) -> list[int]:
+        """Every candidate, most likely first (ties: shallower, then earlier): a node always
+        ranks after its ancestors, so any leading slice is a tree."""
+        return sorted(range(len(self.tokens)), key=lambda i: (-self.scores[i], self.depths[i], i))
+
+    def select(self, nodes: int | None = None) -> tuple[list[int], tuple[int, ...]]:
+        """The best `nodes` (default: the tree's own) candidates as (tokens, parents): the best
+        path first (the chain a chain drafter would have proposed), then the rest by score;
+        parents precede children."""
+        ranked = self.ranking()[: self.nodes if nodes is None else nodes]
         kept = set(ranked)
         chain = []
         node = next((i for i in ranked if self.depths[i] == 1), None)
@@ -102,16 +113,21 @@ def grow(
     policy: DraftPolicy,
     feed: Feed,
     token_id: Callable[[int], int],
+    context_len: int,
 ) -> None:
     """Expand `tree` from the root's draft logits for at most `depth` levels. After each level
+    a TreePolicy (LTD) decides from the tree's scores whether to pay for another level; then
     the policy judges the best frontier node's own distribution (SVIP on trees: stop growing
     when the node most likely to be accepted is uncertain); `token_id` maps a draft index to a
-    target id for the policy."""
+    target id for the policy; `context_len` is the committed sequence's length."""
     if not policy.admits(root_logits):
         return
     tree.expand(torch.log_softmax(root_logits[None].float(), dim=-1))
+    shaper = policy if isinstance(policy, TreePolicy) else None
     fed: list[int] = []
     for level in range(1, depth):
+        if shaper is not None and not shaper.continue_tree(tree, context_len):
+            return
         frontier, best = list(tree.frontier), tree.best()
         logits = feed(level, frontier, fed)
         fed.extend(frontier)
@@ -120,6 +136,14 @@ def grow(
         if not (policy.continue_drafting(drafted) and policy.admits(best_logits)):
             return
         tree.expand(torch.log_softmax(logits.float(), dim=-1))
+
+
+def select_for(
+    tree: DynamicTree, policy: DraftPolicy, context_len: int
+) -> tuple[list[int], tuple[int, ...]]:
+    """The candidates to verify: as many as a TreePolicy says, else the tree's own count."""
+    size = policy.tree_size(tree, context_len) if isinstance(policy, TreePolicy) else None
+    return tree.select(size)
 
 
 def ancestor_mask(

@@ -36,6 +36,7 @@ from specpilot.drafting.dynamic_tree import (
     DynamicTree,
     ancestor_mask,
     grow,
+    select_for,
 )
 from specpilot.drafting.eagle_head import EagleHead
 from specpilot.errors import ConfigError
@@ -253,7 +254,21 @@ class EagleDrafter:
             torch.stack(raw) if raw else None,
         )
 
+    def grow_tree(self, slot: int, sequence: list[int], depth: int, policy) -> DynamicTree:
+        """Catch up and grow the slot's draft tree for `sequence` (its features must cover
+        len(sequence) − 1 positions), unselected: what LTD's replay logs record."""
+        state = self.slots[slot]
+        root = self._catch_up(state, sequence, slot)
+        return self._grow(state, sequence, root, depth, policy)
+
     def _tree(self, state: _Slot, sequence: list[int], root, depth: int, policy) -> Proposal:
+        tree = self._grow(state, sequence, root, depth, policy)
+        if not tree.tokens:
+            return Proposal([])
+        tokens, parents = select_for(tree, policy, len(sequence))
+        return Proposal([self.vocabulary.to_full_id(t) for t in tokens], None, 0.0, None, parents)
+
+    def _grow(self, state: _Slot, sequence: list[int], root, depth: int, policy) -> DynamicTree:
         tree = DynamicTree(self.topk, self.nodes)
         outputs = {-1: root[0]}
 
@@ -267,8 +282,6 @@ class EagleDrafter:
             outputs.update(zip(frontier, out, strict=True))
             return self.head.logits(out)
 
-        grow(tree, self.head.logits(root)[0], depth, policy, feed, self.vocabulary.to_full_id)
-        if not tree.tokens:
-            return Proposal([])
-        tokens, parents = tree.select()
-        return Proposal([self.vocabulary.to_full_id(t) for t in tokens], None, 0.0, None, parents)
+        root_logits = self.head.logits(root)[0]
+        grow(tree, root_logits, depth, policy, feed, self.vocabulary.to_full_id, len(sequence))
+        return tree

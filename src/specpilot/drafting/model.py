@@ -14,7 +14,13 @@ import torch
 
 from specpilot.config import SamplingConfig, require
 from specpilot.drafting.chains import draft_chains
-from specpilot.drafting.dynamic_tree import DEFAULT_NODES, DynamicTree, ancestor_mask, grow
+from specpilot.drafting.dynamic_tree import (
+    DEFAULT_NODES,
+    DynamicTree,
+    ancestor_mask,
+    grow,
+    select_for,
+)
 from specpilot.errors import ConfigError
 from specpilot.models.runner import CausalRunner
 from specpilot.models.synced_cache import sync
@@ -124,10 +130,10 @@ class ModelDrafter:
             )
             return self.runner.logits_from_hidden(out.hidden, self.head)
 
-        grow(tree, root, depth, policy, score, to_id)
+        grow(tree, root, depth, policy, score, to_id, committed)
         self.runner.rollback(committed, slot=slot)
         if not tree.tokens:
             return Proposal([], draft_s=time.perf_counter() - start)
-        tokens, parents = tree.select()
+        tokens, parents = select_for(tree, policy, committed)
         seconds = time.perf_counter() - start
         return Proposal([to_id(t) for t in tokens], None, seconds, None, parents)

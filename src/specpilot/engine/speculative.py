@@ -229,6 +229,7 @@ class SpeculativeEngine:
                 verify_s=verify_s,
                 context_len=len(row.sequence),
                 num_nodes=proposal.k,
+                policy_s=self._policy_seconds(row.policy),
             )
             records.append(record)
             row.stats.add(record)
@@ -288,6 +289,12 @@ class SpeculativeEngine:
             samplings,
             [row.generator for row in rows],
         )
+
+    @staticmethod
+    def _policy_seconds(policy: DraftPolicy) -> float:
+        """A learned policy's own deciding time this step (LTD's `take_seconds`), else 0."""
+        take = getattr(policy, "take_seconds", None)
+        return 0.0 if take is None else take()
 
     def _stopper(self, config: GenerationConfig) -> StopChecker:
         return StopChecker(

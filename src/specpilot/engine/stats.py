@@ -21,6 +21,8 @@ class GenerationStats:
     nodes: int = 0
     """Drafted tokens the target verified, tree siblings included."""
     draft_s: float = 0.0
+    policy_s: float = 0.0
+    """Of draft_s, the time a learned draft policy spent deciding (LTD)."""
     verify_s: float = 0.0
     prefill_s: float = 0.0
     prefill_tokens: int = 0
@@ -40,6 +42,7 @@ class GenerationStats:
         self.accepted += record.num_accepted
         self.nodes += record.num_nodes
         self.draft_s += record.draft_s
+        self.policy_s += record.policy_s
         self.verify_s += record.verify_s
         grow = record.num_verified - len(self.drafted_per_position)
         if grow > 0:

@@ -11,7 +11,7 @@ prefix before verification, which is safe. Both observe each step's outcome. A `
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -44,6 +44,18 @@ class DraftPolicy(Protocol):
 
     def observe(self, record: StepRecord) -> None:
         """Learn from the verified step."""
+
+
+@runtime_checkable
+class TreePolicy(Protocol):
+    """A draft policy that also shapes dynamic trees (LTD): tree drafters consult it after each
+    level and once the tree is grown. Both decisions read only the draft's scores."""
+
+    def continue_tree(self, tree, context_len: int) -> bool:
+        """Grow another level of `tree` (a drafting.dynamic_tree.DynamicTree)?"""
+
+    def tree_size(self, tree, context_len: int) -> int | None:
+        """How many candidates the target verifies (None: the drafter's own count)."""
 
 
 class VerifyPolicy(Protocol):

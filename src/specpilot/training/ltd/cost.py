@@ -1,0 +1,112 @@
+"""LTD's cost model: the wall time of a draft–verify cycle for a (depth, size) choice.
+
+T(d, V, L) = T_draft(d) + T_verify(V + 1, L).
+
+T_draft(d) is the drafter's cumulative time to grow d levels (catch-up and root included):
+from a profile's feature-drafter step times (`specpilot profile --eagle-head default`: one
+step, then a level of 8 rows per further level; a level's cost barely depends on its rows at
+these sizes), else the median over the replay positions where it was measured while recording
+(inflated if the machine was busy).
+
+T_verify(n, L) is one target forward over n new tokens after L cached ones, linear in n between
+measured points (beyond the last, along the whole curve's mean slope) and in L between measured
+contexts: from `specpilot profile --out FILE` (its verify_ms curves; profile with --max-verify
+256 to cover the largest trees) or, without one, measured here at a few sizes. Tree-mask
+building and the commit are left out (small next to the target forward).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from specpilot.errors import ConfigError
+
+MEASURED_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+MEASURED_CONTEXTS = (128, 512)
+
+
+@dataclass
+class CostModel:
+    draft_ms: list[float]
+    """Cumulative draft milliseconds to reach depth d = 1..max_depth."""
+    contexts: list[int]
+    sizes: list[int]
+    verify_ms: list[list[float]]
+    """verify_ms[c][i]: one target forward over sizes[i] new tokens after contexts[c]."""
+    source: str = ""
+
+    def draft(self, depth: int) -> float:
+        return self.draft_ms[depth - 1]
+
+    def verify(self, tokens: int, context: int) -> float:
+        rows = [_linear(self.sizes, row, tokens) for row in self.verify_ms]
+        if len(rows) == 1:
+            return rows[0]
+        return float(np.interp(context, self.contexts, rows))
+
+    def cycle_ms(self, depth: int, size: int, context: int) -> float:
+        """Draft `depth` levels and verify `size` candidates plus the root."""
+        return self.draft(depth) + self.verify(size + 1, context)
+
+    def save(self, path: Path) -> None:
+        path.write_text(json.dumps(self.__dict__, indent=1) + "\n")
+
+    @classmethod
+    def load(cls, path: Path) -> CostModel:
+        return cls(**json.loads(path.read_text()))
+
+
+def _linear(xs: list[int], ys: list[float], x: float) -> float:
+    if x <= xs[-1] or len(xs) == 1:
+        return float(np.interp(x, xs, ys))
+    slope = max(0.0, (ys[-1] - ys[0]) / (xs[-1] - xs[0]))  # the whole curve's: robust to noise
+    return ys[-1] + slope * (x - xs[-1])
+
+
+def draft_curve(draft_ms: np.ndarray) -> list[float]:
+    """Median cumulative draft time per depth over the replay positions ([positions, depth])."""
+    return [float(v) for v in np.median(draft_ms, axis=0)]
+
+
+def verify_from_profile(path: str | Path) -> tuple[list[int], list[int], list[list[float]]]:
+    """(contexts, sizes, ms) from a `specpilot profile` JSON."""
+    try:
+        profile = json.loads(Path(path).read_text())
+        curves = {int(c): [float(v) for v in ms] for c, ms in profile["verify_ms"].items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+        raise ConfigError(
+            f"cannot read verify latencies from {path} ({error}); give the JSON written by "
+            "`specpilot profile --out FILE`"
+        ) from None
+    contexts = sorted(curves)
+    width = min(len(curves[c]) for c in contexts)
+    sizes = list(range(1, width + 1))
+    return contexts, sizes, [curves[c][:width] for c in contexts]
+
+
+def draft_from_profile(path: str | Path, max_depth: int) -> list[float] | None:
+    """Cumulative draft ms per depth from a profile's eagle_step_ms, None if it has none."""
+    steps = json.loads(Path(path).read_text()).get("eagle_step_ms")
+    if not steps:
+        return None
+    first, level = float(steps["1"]), float(steps["8"])
+    return [first + d * level for d in range(max_depth)]
+
+
+def measure_verify(runner, repeats: int = 3, progress: bool = True):
+    """(contexts, sizes, ms) measured now on `runner` (when no profile is given)."""
+    from tqdm import tqdm
+
+    from specpilot.bench.profile import latency_points
+
+    contexts = [c for c in MEASURED_CONTEXTS if c + MEASURED_SIZES[-1] <= runner.max_length]
+    contexts = contexts or [max(1, runner.max_length // 4)]
+    sizes = [n for n in MEASURED_SIZES if contexts[-1] + n <= runner.max_length]
+    bar = tqdm(total=len(contexts) * len(sizes), desc="verify latency", disable=not progress)
+    ms = [latency_points(runner, c, sizes, repeats, bar) for c in contexts]
+    bar.close()
+    return contexts, sizes, ms

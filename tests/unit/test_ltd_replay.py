@@ -1,0 +1,177 @@
+"""LTD's replay logs and environments: the accepted length a log predicts for a (depth, V)
+choice is what real greedy decoding with that static tree accepts at the same position; the
+environments' observations, rewards and trajectories; the cost model; policy folders."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from eagle_fixtures import tiny_head, tiny_target
+from ltd_fixtures import tiny_nets
+from tiny import TinyTokenizer
+
+from specpilot.config import GenerationConfig
+from specpilot.drafting.eagle import EagleDrafter
+from specpilot.engine import SpeculativeEngine
+from specpilot.errors import ConfigError
+from specpilot.models.decoder import DecoderRunner
+from specpilot.policies import ConstantPolicy
+from specpilot.policies.ltd_net import LtdNets, LtdShape, resolve_policies
+from specpilot.training.ltd.cost import CostModel
+from specpilot.training.ltd.envs import (
+    Chooser,
+    DepthEnv,
+    SizeEnv,
+    depth_obs,
+    replay_throughput,
+    reward,
+)
+from specpilot.training.ltd.replay import RecordOptions, ReplayLog, record_replay
+
+SHAPE = LtdShape(topk=3, max_depth=5, size_step=2, size_actions=8)
+PROMPTS = [("a", [1, 5, 9, 14, 20, 7]), ("b", [1, 33, 44]), ("c", [1, 60, 61, 62, 63])]
+NEW = 20
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_target()
+
+
+@pytest.fixture(scope="module")
+def log(model, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("replay")
+    runner = DecoderRunner(model)
+    drafter = EagleDrafter(runner, tiny_head(runner), depth=SHAPE.max_depth, topk=SHAPE.topk)
+    options = RecordOptions(new_tokens=NEW, shard_prompts=2)
+    record_replay(runner, TinyTokenizer(), drafter, SHAPE, PROMPTS[:2], folder, options,
+                  progress=False)  # fmt: skip
+    # Resuming records only the missing prompt.
+    record_replay(runner, TinyTokenizer(), drafter, SHAPE, PROMPTS, folder, options,
+                  progress=False)  # fmt: skip
+    assert len(list(folder.glob("shard-*.safetensors"))) == 2
+    return ReplayLog.load(folder)
+
+
+def test_log_layout(log):
+    assert len(log) == len(PROMPTS) * NEW
+    assert sorted(set(log.prompt.tolist())) == [0, 1, 2]
+    assert log.scores.shape == (len(log), SHAPE.candidates(SHAPE.max_depth))
+    assert np.all(np.diff(log.draft_ms, axis=1) >= 0)  # cumulative time per depth
+
+
+@pytest.mark.parametrize("depth,size", [(1, 2), (3, 4), (4, 10), (5, 40)])
+def test_replay_accepts_what_greedy_decoding_accepts(model, log, depth, size):
+    runner = DecoderRunner(model)
+    drafter = EagleDrafter(runner, tiny_head(runner), depth=depth, topk=SHAPE.topk, nodes=size)
+    engine = SpeculativeEngine(runner, TinyTokenizer(), drafter, ConstantPolicy(depth),
+                               eos_ids=set())  # fmt: skip
+    checked = 0
+    for number, (_, prompt) in enumerate(PROMPTS):
+        result = engine.generate(prompt, GenerationConfig(max_new_tokens=NEW))
+        rows = {int(log.context_len[i]): i for i in np.flatnonzero(log.prompt == number)}
+        for record in result.stats.records:
+            before = record.context_len - record.num_emitted
+            if record.num_emitted == record.num_accepted + 1 and before in rows:
+                assert log.accepted(rows[before], depth, size) == record.num_accepted
+                checked += 1
+    assert checked >= 10
+
+
+def cost_model() -> CostModel:
+    return CostModel([1.0 + d for d in range(SHAPE.max_depth)], [10, 100], [1, 64],
+                     [[5.0, 9.0], [6.0, 12.0]])  # fmt: skip
+
+
+def test_cost_model_interpolates():
+    cost = cost_model()
+    assert cost.verify(1, 10) == 5.0 and cost.verify(64, 100) == 12.0
+    assert cost.verify(128, 10) == pytest.approx(9.0 + 64 * 4 / 63)  # extrapolated
+    flat = CostModel([1.0], [1], [1, 2, 3], [[5.0, 9.0, 8.0]])
+    assert flat.verify(5, 1) == pytest.approx(8.0 + 2 * 1.5)  # the whole curve's slope
+    assert cost.verify(1, 55) == pytest.approx(5.5)
+    assert cost.cycle_ms(2, 63, 10) == 2.0 + 9.0
+
+
+def test_rewards():
+    assert reward("throughput", 3, 20.0) == 2.0
+    assert reward("accepted", 3, 20.0) == 4.0
+    assert reward("time", 3, 20.0) == -2.0
+
+
+def test_size_env(log):
+    env = SizeEnv(log, cost_model(), Chooser(log), "throughput", seed=1)
+    obs, _ = env.reset(seed=1)
+    assert obs.shape == env.observation_space.shape
+    _, value, terminated, _, info = env.step(2)
+    cycle = info["cycle"]
+    assert terminated and cycle["size"] == min(6, SHAPE.candidates(env.depth))
+    assert cycle["accepted"] == log.accepted(env.position, env.depth, cycle["size"])
+    assert value == pytest.approx((cycle["accepted"] + 1) / (cycle["ms"] / 10))
+
+
+def test_depth_env_follows_the_trajectory(log):
+    env = DepthEnv(log, cost_model(), Chooser(log, fixed_size=8), "accepted", seed=0)
+    env.reset(seed=0)
+    obs, value, terminated, _, _ = env.step(1)
+    assert not terminated and value == 0.0 and env.depth == 2
+    np.testing.assert_array_equal(obs, depth_obs(log, env.position, 2))
+    position = env.position
+    _, value, terminated, _, info = env.step(0)
+    accepted = log.accepted(position, 2, 8)
+    assert terminated and value == accepted + 1 and info["cycle"]["accepted"] == accepted
+    env.reset()
+    if log.prompt[min(position + accepted + 1, len(log) - 1)] == log.prompt[position]:
+        assert env.position == position + accepted + 1
+    for _ in range(SHAPE.max_depth - 1):
+        _, _, terminated, _, _ = env.step(1)
+    assert not terminated and env.depth == SHAPE.max_depth
+    _, _, terminated, _, _ = env.step(1)  # CONTINUE at the maximum depth stops
+    assert terminated
+
+
+def test_replay_throughput_with_policies(log):
+    nets = tiny_nets(SHAPE)
+    result = replay_throughput(log, cost_model(), Chooser(log, nets.depth, nets.size))
+    assert result["tokens_per_s"] > 0 and 1 <= result["depth"] <= SHAPE.max_depth
+
+
+def test_policy_folder_round_trip_and_errors(tmp_path):
+    nets = tiny_nets(SHAPE)
+    nets.save(tmp_path / "run" / "policies")
+    loaded = LtdNets.load(resolve_policies(tmp_path / "run", None))
+    assert loaded.shape == SHAPE
+    obs = torch.randn(SHAPE.size_features)
+    torch.testing.assert_close(loaded.size(obs), nets.size(obs))
+    with pytest.raises(ConfigError, match="not found"):
+        resolve_policies(tmp_path / "missing", None)
+    with pytest.raises(ConfigError, match="not an LTD policy folder"):
+        LtdNets.load(tmp_path)
+    with pytest.raises(ConfigError, match="no LTD policies are committed"):
+        resolve_policies(None, "no-such-target")
+    (tmp_path / "run" / "policies" / "size.safetensors").write_bytes(b"garbage")
+    with pytest.raises(ConfigError, match="bad LTD policy folder"):
+        LtdNets.load(tmp_path / "run" / "policies")
+
+
+def test_trainer_resumes_an_interrupted_stage(log, tmp_path):
+    """A stage without done.json continues from its checkpoint's step count; the export is a
+    loadable folder; the learning rate warms up then decays to 0."""
+    import json
+
+    from specpilot.training.ltd.config import LtdTrainConfig
+    from specpilot.training.ltd.trainer import learning_rate, train_ltd
+
+    small = dict(depth_steps=0, co_iterations=0, n_steps=16, batch_size=8, n_epochs=1,
+                 eval_every=16, valid_fraction=0.34, fixed_size=8)  # fmt: skip
+    train_ltd(log, cost_model(), tmp_path, LtdTrainConfig(size_steps=32, **small), progress=False)
+    (tmp_path / "stages" / "1-size" / "done.json").unlink()
+    summary = train_ltd(log, cost_model(), tmp_path, LtdTrainConfig(size_steps=64, **small),
+                        progress=False)  # fmt: skip
+    steps = [row.split(",")[2] for row in (tmp_path / "train_log.csv").read_text().splitlines()]
+    assert steps[1:] == ["16", "32", "48", "64"]  # resumed at 32, not restarted
+    assert json.loads((tmp_path / "summary.json").read_text()) == summary
+    assert LtdNets.load(tmp_path / "policies").depth is None
+    schedule = learning_rate(LtdTrainConfig(lr=1e-3, warmup=0.1))
+    assert schedule(1.0) < 1e-4 and schedule(0.9) == pytest.approx(1e-3) and schedule(0.0) == 0
