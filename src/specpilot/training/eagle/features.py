@@ -33,9 +33,14 @@ class SequenceFeatures:
 
 @torch.no_grad()
 def sequence_features(
-    runner, sample: Sample, feature_layers: tuple[int, ...], draft_head_rows: torch.Tensor
+    runner,
+    sample: Sample,
+    feature_layers: tuple[int, ...],
+    draft_head_rows: torch.Tensor,
+    keep_cache: bool = False,
 ) -> SequenceFeatures:
-    """Teacher-forced target prefill of one sample (cache slot 0, reset first)."""
+    """Teacher-forced target prefill of one sample (cache slot 0, reset first; `keep_cache`:
+    leave the sample in the cache, for forwards that continue from its prefixes)."""
     ids = sample.token_ids
     n = len(ids) - 1
     with torch.inference_mode():  # the runner's tensors; cloned below into autograd-safe ones
@@ -44,7 +49,8 @@ def sequence_features(
         taps = torch.cat([out.taps[k][:n] for k in feature_layers], dim=-1).float()
         target_logits = runner.logits_from_hidden(out.hidden[1:], draft_head_rows)
         embeds = F.embedding(torch.tensor(ids[1:]), runner.embed).float()
-        runner.reset()
+        if not keep_cache:
+            runner.reset()
     # Position t predicts token t + 2: score it when that token is part of the response.
     positions = torch.arange(n)
     loss_mask = (positions >= len(sample.prompt_ids) - 2) & (positions < n - 1)

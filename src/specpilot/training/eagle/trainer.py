@@ -13,6 +13,7 @@ Stages, each resumable by re-running the same command on the same --out:
 
 from __future__ import annotations
 
+import copy
 import csv
 import json
 import math
@@ -64,9 +65,16 @@ class EagleTrainConfig:
     save_every: int = 50
     clip: float = 1.0
     seed: int = 0
+    max_updates: int | None = None
+    """Stop after this many updates (None: after `epochs`); PPOW's continued-distillation
+    baseline trains exactly as many updates as the PPOW run it is compared with."""
 
     def __post_init__(self) -> None:
         require(self.epochs >= 1, f"epochs must be >= 1, got {self.epochs}")
+        require(
+            self.max_updates is None or self.max_updates >= 1,
+            f"max_updates must be >= 1, got {self.max_updates}",
+        )
         require(self.lr > 0, f"lr must be > 0, got {self.lr}")
         require(self.batch_tokens >= 1, f"batch_tokens must be >= 1, got {self.batch_tokens}")
         require(1 <= self.unroll <= 8, f"unroll must be in 1..8, got {self.unroll}")
@@ -76,16 +84,13 @@ class EagleTrainConfig:
         require(self.eval_every >= 1 and self.save_every >= 1, "eval/save intervals must be >= 1")
 
 
-class _Schedule:
-    def __init__(self, config: EagleTrainConfig, total: int):
-        self.config, self.total = config, max(total, 1)
-
-    def __call__(self, update: int) -> float:
-        c = self.config
-        if update < c.warmup:
-            return c.lr * (update + 1) / c.warmup
-        progress = min(1.0, (update - c.warmup) / max(1, self.total - c.warmup))
-        return c.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+def warmup_cosine(update: int, lr: float, warmup: int, total: int) -> float:
+    """Learning rate of (0-based) `update`: linear warm-up over `warmup` updates, then cosine
+    decay to 10 % at `total`."""
+    if update < warmup:
+        return lr * (update + 1) / warmup
+    progress = min(1.0, (update - warmup) / max(1, total - warmup))
+    return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
 def draft_vocabulary_ids(samples: list[Sample], vocab_size: int, size: int, special: list[int]):
@@ -103,6 +108,25 @@ def draft_vocabulary_ids(samples: list[Sample], vocab_size: int, size: int, spec
     return torch.sort(order).values
 
 
+def split_samples(
+    samples: list[Sample], valid_samples: int, max_seq_tokens: int
+) -> tuple[list[Sample], list[Sample]]:
+    """(train, held-out): the last `valid_samples` usable samples are held out; training
+    samples are cut to `max_seq_tokens` (prompts longer than that are dropped)."""
+    samples = [s for s in samples if len(s.response_ids) >= 2]
+    require(
+        len(samples) > valid_samples,
+        f"{len(samples)} usable samples; need more than valid_samples={valid_samples}",
+    )
+    valid = samples[len(samples) - valid_samples :]
+    train = [
+        Sample(s.id, s.prompt_ids, s.response_ids[: max_seq_tokens - len(s.prompt_ids)])
+        for s in samples[: len(samples) - valid_samples]
+        if len(s.prompt_ids) + 2 <= max_seq_tokens
+    ]
+    return train, valid
+
+
 def train_eagle(
     target,
     samples: list[Sample],
@@ -110,34 +134,27 @@ def train_eagle(
     config: EagleTrainConfig,
     shape: EagleShape,
     progress: bool = True,
+    init: EagleHead | None = None,
 ) -> EagleHead:
-    """Train (or resume) a head for the loaded `target` (a LoadedModel on the lean decoder)."""
+    """Train (or resume) a head for the loaded `target` (a LoadedModel on the lean decoder).
+    `init`: continue training this head (continued distillation) instead of starting from the
+    target's top layer."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     runner = target.runner
-    samples = [s for s in samples if len(s.response_ids) >= 2]
-    require(
-        len(samples) > config.valid_samples,
-        f"{len(samples)} usable samples; need more than valid_samples={config.valid_samples}",
-    )
-    valid = samples[len(samples) - config.valid_samples :]
-    train = samples[: len(samples) - config.valid_samples]
-    train = [
-        Sample(s.id, s.prompt_ids, s.response_ids[: config.max_seq_tokens - len(s.prompt_ids)])
-        for s in train
-        if len(s.prompt_ids) + 2 <= config.max_seq_tokens
-    ]
+    train, valid = split_samples(samples, config.valid_samples, config.max_seq_tokens)
     special = [*target.tokenizer.all_special_ids, *target.tokenizer.added_tokens_decoder]
-    head, state = _start_or_resume(out, runner, train, shape, config, special)
+    head, state = _start_or_resume(out, runner, train, shape, config, special, init)
     optimizer = torch.optim.AdamW(
         [p for p in head.parameters()], lr=config.lr, weight_decay=config.weight_decay
     )
     if state.get("optimizer"):
         optimizer.load_state_dict(state["optimizer"])
     total_updates = count_updates(train, config)
-    schedule = _Schedule(config, total_updates)
+    if config.max_updates is not None:
+        total_updates = min(total_updates, config.max_updates)
     target_rows = runner.lm_head[head.draft_ids].contiguous()
-    log = _Log(out / LOG_FILE, state["update"])
+    log = CsvLog(out / LOG_FILE, LOG_COLUMNS, state["update"])
     bar = tqdm(
         total=total_updates, initial=state["update"], disable=not progress, unit="update",
         desc="train-eagle",
@@ -147,10 +164,10 @@ def train_eagle(
     scored, sums = 0, _Sums(config.unroll)
     sums.tokens_seen = state["tokens"]
     head.train()
-    while epoch < config.epochs:
+    while epoch < config.epochs and update < total_updates:
         order = list(range(len(train)))
         random.Random(config.seed + epoch).shuffle(order)
-        while index < len(order):
+        while index < len(order) and update < total_updates:
             sample = train[order[index]]
             index += 1
             result = sequence_loss(head, runner, sample, shape, config, target_rows)
@@ -162,7 +179,7 @@ def train_eagle(
             sums.add(result, count)
             if scored < config.batch_tokens:
                 continue
-            lr = schedule(update)
+            lr = warmup_cosine(update, config.lr, config.warmup, total_updates)
             for group in optimizer.param_groups:
                 group["lr"] = lr
             torch.nn.utils.clip_grad_norm_(head.parameters(), config.clip)
@@ -181,14 +198,12 @@ def train_eagle(
             scored = 0
             sums.reset_window()
             if update % config.save_every == 0:
-                _save_checkpoint(
-                    out, head, optimizer, config, update, epoch, index, row["seconds"], sums
-                )
-        epoch += 1
-        index = 0
+                _save(out, head, optimizer, config, update, epoch, index, row["seconds"], sums)
+        if index >= len(order):
+            epoch, index = epoch + 1, 0
     bar.close()
     seconds = time.perf_counter() - started
-    _save_checkpoint(out, head, optimizer, config, update, epoch, index, seconds, sums)
+    _save(out, head, optimizer, config, update, epoch, index, seconds, sums)
     final = {"update": update, "epoch": epoch, "tokens": sums.tokens_seen, "seconds": seconds}
     final |= evaluate(head, runner, valid, shape, config, target_rows) if valid else {}
     log.write(final)
@@ -273,30 +288,44 @@ class _Sums:
 
 
 def _start_or_resume(
-    out: Path, runner, train, shape: EagleShape, config, special: list[int]
+    out: Path, runner, train, shape: EagleShape, config, special: list[int], init
 ) -> tuple[EagleHead, dict]:
-    checkpoint = out / CHECKPOINT_DIR
-    if (checkpoint / "state.pt").is_file():
-        head = EagleHead.load(checkpoint / HEAD_DIR, expected=shape)
-        state = torch.load(checkpoint / "state.pt", weights_only=False)
-        saved, current = _training_settings(state.get("config")), _training_settings(asdict(config))
-        if saved is not None and saved != current:
-            raise ConfigError(
-                f"{out} holds a run with other settings ({_diff(saved, current)}); "
-                "resume with the same options or use a new --out"
-            )
-        return head, state
+    resumed = load_checkpoint(out, shape, asdict(config))
+    if resumed is not None:
+        return resumed
+    if init is not None:
+        return copy.deepcopy(init).float(), {"update": 0, "epoch": 0, "index": 0, "tokens": 0}
     ids = draft_vocabulary_ids(train, shape.vocab_size, shape.draft_vocab_size, special)
     head = EagleHead(shape, ids)
     head.init_from_target(runner)
     return head, {"update": 0, "epoch": 0, "index": 0, "tokens": 0}
 
 
+def load_checkpoint(out: Path, shape: EagleShape, config: dict) -> tuple[EagleHead, dict] | None:
+    """(head, state) of the run checkpointed in `out`, None if there is none; a checkpoint
+    written with other settings (`config`, a dict) is refused rather than silently mixed (how
+    often a run evaluates and saves may change)."""
+    checkpoint = out / CHECKPOINT_DIR
+    if not (checkpoint / "state.pt").is_file():
+        return None
+    head = EagleHead.load(checkpoint / HEAD_DIR, expected=shape)
+    state = torch.load(checkpoint / "state.pt", weights_only=False)
+    saved, current = _training_settings(state.get("config")), _training_settings(config)
+    if saved is not None and saved != current:
+        raise ConfigError(
+            f"{out} holds a run with other settings ({_diff(saved, current)}); "
+            "resume with the same options or use a new --out"
+        )
+    return head, state
+
+
 def _training_settings(config: dict | None) -> dict | None:
-    """The settings a resumed run must share: all but how often it evaluates and saves."""
+    """The settings a resumed run must share: all but how often it evaluates and saves (an
+    option added later with default None reads as unset in older runs)."""
     if config is None:
         return None
-    return {k: v for k, v in config.items() if k not in ("eval_every", "save_every")}
+    skip = ("eval_every", "save_every")
+    return {k: v for k, v in config.items() if k not in skip and v is not None}
 
 
 def _diff(saved: dict, current: dict) -> str:
@@ -307,10 +336,7 @@ def _diff(saved: dict, current: dict) -> str:
     )
 
 
-def _save_checkpoint(out, head, optimizer, config, update, epoch, index, seconds, sums) -> None:
-    """Head folder first, then state.pt by atomic rename: state.pt names a complete head."""
-    checkpoint = out / CHECKPOINT_DIR
-    head.save(checkpoint / HEAD_DIR, dtype=torch.float32)
+def _save(out, head, optimizer, config, update, epoch, index, seconds, sums) -> None:
     state = {
         "update": update,
         "epoch": epoch,
@@ -320,28 +346,36 @@ def _save_checkpoint(out, head, optimizer, config, update, epoch, index, seconds
         "config": asdict(config),
         "optimizer": optimizer.state_dict(),
     }
+    save_checkpoint(out, head, state)
+
+
+def save_checkpoint(out: Path, head: EagleHead, state: dict) -> None:
+    """Head folder first, then state.pt by atomic rename: state.pt names a complete head."""
+    checkpoint = out / CHECKPOINT_DIR
+    head.save(checkpoint / HEAD_DIR, dtype=torch.float32)
     tmp = checkpoint / "state.pt.tmp"
     torch.save(state, tmp)
     tmp.replace(checkpoint / "state.pt")
 
 
-class _Log:
-    """train_log.csv, truncated to the resumed update so a restarted run appends cleanly."""
+class CsvLog:
+    """A training log (CSV), truncated to the resumed update so a restarted run appends
+    cleanly."""
 
-    def __init__(self, path: Path, update: int):
-        self.path = path
+    def __init__(self, path: Path, columns: tuple[str, ...], update: int):
+        self.path, self.columns = path, columns
         rows = []
         if path.is_file() and update > 0:
             with path.open() as f:
                 rows = [r for r in csv.DictReader(f) if int(r["update"]) <= update]
         with path.open("w", newline="") as f:
-            writer = csv.DictWriter(f, LOG_COLUMNS)
+            writer = csv.DictWriter(f, columns)
             writer.writeheader()
             writer.writerows(rows)
 
     def write(self, row: dict) -> None:
         with self.path.open("a", newline="") as f:
-            csv.DictWriter(f, LOG_COLUMNS, extrasaction="ignore").writerow(
+            csv.DictWriter(f, self.columns, extrasaction="ignore").writerow(
                 {k: (f"{v:.5g}" if isinstance(v, float) else v) for k, v in row.items()}
             )
 
