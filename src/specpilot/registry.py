@@ -168,8 +168,9 @@ def make_eagle_drafter(
     topk: int | str = DEFAULT_TOPK,
     nodes: int | str = DEFAULT_NODES,
 ):
-    """The feature drafter on the loaded `target`: `head` a `train-eagle` output folder or head
-    folder (default: the head committed for this target); `topk` 1 drafts chains of `depth`,
+    """The feature drafter on the loaded `target`: `head` a `train-eagle`/`train-ppow` output
+    folder, a head folder or a committed head's name (`ppow`: heads/<target>-ppow; default: the
+    head committed for this target); `topk` 1 drafts chains of `depth`,
     else EAGLE-2 trees of `nodes` tokens grown `depth` levels deep from the best `topk`."""
     from specpilot.drafting.eagle import EagleDrafter
     from specpilot.drafting.eagle_head import EagleHead, EagleShape, resolve_head

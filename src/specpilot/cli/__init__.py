@@ -23,6 +23,7 @@ COMMANDS = (
     "train_dvi",
     "train_eagle",
     "train_ltd",
+    "train_ppow",
     "plot_dvi",
     "bench",
     "profile",

@@ -107,8 +107,8 @@ def add_method_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--eagle-head",
-        help="--drafter eagle: a `train-eagle --out` folder or head folder (default: the head "
-        "committed for the target)",
+        help="--drafter eagle: a `train-eagle`/`train-ppow --out` folder, a head folder, or the "
+        "name of a head committed beside the target's (e.g. ppow; default: the target's own)",
     )
     parser.add_argument(
         "--tree-depth", type=int, help="--drafter eagle: draft levels per step (default 4)"

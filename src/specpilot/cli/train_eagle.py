@@ -7,20 +7,12 @@ kept, and training continues from the last checkpoint. Training defaults are Eag
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from specpilot.api import DEFAULT_TARGET, load_models
 from specpilot.cli.common import dataclass_defaults
 from specpilot.drafting.eagle_head import EagleShape
-from specpilot.engine import SpeculativeEngine
-from specpilot.models.chat import eos_token_ids
-from specpilot.training.eagle.data import (
-    DataOptions,
-    generate_responses,
-    read_samples,
-    reference_samples,
-)
+from specpilot.training.eagle.data import DataOptions, collect_samples
 from specpilot.training.eagle.trainer import EagleTrainConfig, train_eagle, write_run_config
 
 DEFAULT_DATA_DIR = "../shared/data"
@@ -106,30 +98,18 @@ def run(args: argparse.Namespace) -> int:
     )
     target = models.target
     shape = EagleShape.for_target(
-        target.runner, target.tokenizer, args.feature_layers, args.draft_vocab,
+        target.runner,
+        target.tokenizer,
+        args.feature_layers,
+        args.draft_vocab,
         args.head_intermediate,
     )
     out = Path(args.out)
     write_run_config(out, {"target": args.target, **vars(args) | {"run": None}})
-    regenerated = []
-    if args.regenerate > 0:
-        engine = SpeculativeEngine(
-            target.runner, target.tokenizer, eos_ids=eos_token_ids(target.tokenizer, target.path)
-        )
-        options = DataOptions(**{**vars(data), "max_prompts": args.regenerate})
-        print(f"data: the target answers {args.regenerate} training prompts", file=sys.stderr)
-        generate_responses(engine, options, out / "data", progress=not args.quiet)
-        regenerated = read_samples(out / "data")
-    reference = []
-    if args.reference > 0:
-        options = DataOptions(**{**vars(data), "max_prompts": args.reference})
-        reference = reference_samples(target.tokenizer, options, config.max_seq_tokens)
-    samples = reference + regenerated  # the held-out slice comes from the end: the target's own
-    print(
-        f"training on {len(samples)} sequences ({len(regenerated)} answered by the target), "
-        f"{sum(len(s.response_ids) for s in samples)} response tokens",
-        file=sys.stderr,
-    )
+    samples = collect_samples(
+        target, data, args.regenerate, args.reference, out / "data", config.max_seq_tokens,
+        progress=not args.quiet,
+    )  # fmt: skip
     train_eagle(target, samples, out, config, shape, progress=not args.quiet)
     print(out / "head")
     return 0

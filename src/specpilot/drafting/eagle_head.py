@@ -345,8 +345,9 @@ class EagleHead(nn.Module):
 
 
 def resolve_head(path: str | Path | None, target_name: str) -> Path:
-    """A head folder: `path` itself, the `head/` of a train-eagle output folder, or (no path)
-    the head committed for `target_name`."""
+    """A head folder: `path` itself, the `head/` of a train-eagle/train-ppow output folder, a
+    committed head's name (`ppow` → heads/<target>-ppow, a fine-tuned head committed beside the
+    target's own), or (no path) the head committed for `target_name`."""
     if path is None:
         folder = COMMITTED_HEADS / target_name
         if not (folder / CONFIG_FILE).is_file():
@@ -358,6 +359,25 @@ def resolve_head(path: str | Path | None, target_name: str) -> Path:
     folder = Path(path).expanduser()
     if not (folder / CONFIG_FILE).is_file() and (folder / "head" / CONFIG_FILE).is_file():
         return folder / "head"
+    if not folder.exists() and _is_name(path):
+        named = COMMITTED_HEADS / f"{target_name}-{path}"
+        if (named / CONFIG_FILE).is_file():
+            return named
+        committed = sorted(
+            f.name.removeprefix(f"{target_name}-")
+            for f in COMMITTED_HEADS.glob(f"{target_name}-*")
+            if (f / CONFIG_FILE).is_file()
+        )
+        raise ConfigError(
+            f"eagle head {str(path)!r} is neither a folder nor a head committed for "
+            f"{target_name!r} (committed names: {', '.join(committed) or 'none'})"
+        )
     if not folder.exists():
         raise ConfigError(f"eagle head folder not found: {folder}")
     return folder
+
+
+def _is_name(path: str | Path) -> bool:
+    """A bare name like `ppow` (no folder separators), as opposed to a path."""
+    text = str(path)
+    return bool(text) and "/" not in text and "\\" not in text and not text.startswith(".")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +25,7 @@ from tqdm import tqdm
 from specpilot.config import GenerationConfig, require
 from specpilot.engine import SpeculativeEngine
 from specpilot.errors import ConfigError
-from specpilot.models.chat import encode_prompt
+from specpilot.models.chat import encode_prompt, eos_token_ids
 from specpilot.prompts import read_jsonl, read_prompts_file
 
 TRAIN_SOURCES = ("sharegpt_sample.jsonl", "alpaca_sample.jsonl", "gsm8k_train.jsonl")
@@ -203,3 +204,38 @@ def _drop_torn_line(path: Path) -> None:
     data = path.read_bytes()
     if data and not data.endswith(b"\n"):
         path.write_bytes(data[: data.rfind(b"\n") + 1])
+
+
+def collect_samples(
+    target,
+    data: DataOptions,
+    regenerate: int,
+    reference: int,
+    folder: str | Path,
+    max_tokens: int,
+    progress: bool = True,
+    answered: list[Sample] | None = None,
+) -> list[Sample]:
+    """The training sequences of a run: the training-set reference answers (`reference`, cheap)
+    followed by the target's greedy answers to `regenerate` prompts, generated into `folder`
+    (resumable), or the `answered` ones another run generated. The target's own answers come
+    last, so a held-out slice taken from the end is the target's."""
+    regenerated = answered or []
+    if answered is None and regenerate > 0:
+        engine = SpeculativeEngine(
+            target.runner, target.tokenizer, eos_ids=eos_token_ids(target.tokenizer, target.path)
+        )
+        options = DataOptions(**{**vars(data), "max_prompts": regenerate})
+        print(f"data: the target answers {regenerate} training prompts", file=sys.stderr)
+        regenerated = generate_responses(engine, options, folder, progress=progress)
+    references = []
+    if reference > 0:
+        options = DataOptions(**{**vars(data), "max_prompts": reference})
+        references = reference_samples(target.tokenizer, options, max_tokens)
+    samples = references + regenerated
+    print(
+        f"training on {len(samples)} sequences ({len(regenerated)} answered by the target), "
+        f"{sum(len(s.response_ids) for s in samples)} response tokens",
+        file=sys.stderr,
+    )
+    return samples

@@ -1,0 +1,194 @@
+"""`specpilot train-ppow`: PPOW fine-tuning of a feature-drafter head (training.ppow), or with
+`--baseline distill` its baseline, continued distillation of the same head for as many updates.
+
+Every PpowConfig field is a flag (`--window`, `--group`, `--gamma`, `--no-adaw`, ...) defaulting
+to the dataclass. Re-running the same command on the same --out resumes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import typing
+from pathlib import Path
+
+from specpilot.api import DEFAULT_TARGET, load_models
+from specpilot.cli.common import dataclass_defaults
+from specpilot.drafting.eagle_head import EagleHead, EagleShape, resolve_head
+from specpilot.errors import ConfigError
+from specpilot.training.eagle.data import RESPONSES_FILE, DataOptions, collect_samples, read_samples
+from specpilot.training.eagle.trainer import EagleTrainConfig, write_run_config
+from specpilot.training.ppow import PpowConfig, continued_distillation, train_ppow
+from specpilot.training.ppow.config import (
+    ACCEPTANCE,
+    KL_DIRECTIONS,
+    PROX_FORMS,
+    PROX_REFERENCES,
+)
+
+DEFAULT_DATA_DIR = "../shared/data"
+CHOICES = {
+    "acceptance": ACCEPTANCE,
+    "kl_direction": KL_DIRECTIONS,
+    "prox_form": PROX_FORMS,
+    "prox_reference": PROX_REFERENCES,
+}
+HELP = {
+    "updates": "optimizer updates",
+    "windows_per_update": "prefixes (rollout groups) per update",
+    "window": "K, drafted tokens per window",
+    "group": "G, windows sampled per prefix",
+    "gamma": "relative drafter cost in k/(kγ+1): a number (the paper: 0.12) or 'measured' "
+    "(a head step's time over a target step's, measured once per run)",
+    "acceptance": "accepted length: rejection sampling, its expectation, or greedy matches",
+    "proximity": "proximity reward for windows with no accepted token",
+    "prox_reference": "ŷ: the training response's next K tokens (the target's greedy answer) or "
+    "K greedy target steps",
+    "kl_direction": "reverse = KL(Q‖P), forward = KL(P‖Q)",
+    "adaw": "adaptive divergence-aware windowing (off: uniform windows)",
+    "adaw_curriculum": "hard-window fractions of equal stages, e.g. 0.2,0.4,0.6",
+    "adaw_start": "updates of uniform windows before ADAW starts",
+    "bf16": "head matrix products in bf16 autocast",
+}
+
+
+def _gamma(text: str) -> float | None:
+    if text == "measured":
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number or 'measured', got {text!r}") from None
+
+
+def _fractions(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected numbers like 0.2,0.4,0.6, got {text!r}"
+        ) from None
+
+
+def register(commands) -> None:
+    parser = commands.add_parser(
+        "train-ppow",
+        help="fine-tune a feature-drafter head with window-level RL (PPOW), or its "
+        "continued-distillation baseline",
+    )
+    parser.add_argument("--target", default=DEFAULT_TARGET, help="the model to draft for")
+    parser.add_argument(
+        "--init",
+        help="the head to start from: a head or train-eagle/train-ppow --out folder, or a "
+        "committed name (default: the eagle head committed for the target)",
+    )
+    parser.add_argument("--out", required=True, help="folder for data, checkpoints, log, head")
+    parser.add_argument(
+        "--baseline",
+        choices=("none", "distill"),
+        default="none",
+        help="distill: continue the eagle trainer's distillation from --init instead, for "
+        "--updates updates at --lr on the same samples (the baseline PPOW is compared with)",
+    )
+    parser.add_argument(
+        "--distill-batch-tokens",
+        type=int,
+        default=dataclass_defaults(EagleTrainConfig)["batch_tokens"],
+        help="--baseline distill: scored positions per update",
+    )
+    parser.add_argument("--data-dir", default=DEFAULT_DATA_DIR, help="training prompt files")
+    parser.add_argument(
+        "--responses",
+        help="reuse the target's answers in this folder (a train-eagle or train-ppow --out, or "
+        "its data/) instead of generating them into OUT/data",
+    )
+    parser.add_argument(
+        "--regenerate", type=int, default=512, help="training prompts the target answers"
+    )
+    parser.add_argument(
+        "--reference",
+        type=int,
+        default=0,
+        help="training-set reference answers added (needs --prox-reference greedy: they are "
+        "not the target's own windows)",
+    )
+    parser.add_argument("--gen-batch-size", type=int, default=16, help="prompts decoded together")
+    parser.add_argument("--gen-max-new-tokens", type=int, default=384)
+    _add_config_flags(parser)
+    parser.add_argument("--dtype", default="auto", help="the target's dtype")
+    parser.add_argument("--max-length", type=int, default=2048)
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    parser.set_defaults(run=run)
+
+
+def _add_config_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per PpowConfig field, defaulting to the dataclass."""
+    defaults = dataclass_defaults(PpowConfig)
+    hints = typing.get_type_hints(PpowConfig)
+    for field in dataclasses.fields(PpowConfig):
+        name, kind = field.name, hints[field.name]
+        flag = f"--{name.replace('_', '-')}"
+        options = {"default": defaults[name], "help": HELP.get(name)}
+        if name == "gamma":
+            options |= {"type": _gamma, "metavar": "NUMBER|measured"}
+            options["default"] = None
+        elif kind is bool:
+            options["action"] = argparse.BooleanOptionalAction
+        elif name == "adaw_curriculum":
+            options["type"] = _fractions
+        elif name in CHOICES:
+            options["choices"] = CHOICES[name]
+        else:
+            options["type"] = kind
+        parser.add_argument(flag, **options)
+
+
+def run(args: argparse.Namespace) -> int:
+    config = PpowConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(PpowConfig)})
+    if args.reference > 0 and config.prox_reference == "response" and args.baseline == "none":
+        raise ConfigError(
+            "--reference answers are not the target's own words, so their next K tokens are no "
+            "target-preferred window: add --prox-reference greedy or use --reference 0"
+        )
+    models = load_models(
+        args.target, None, args.dtype, max_length=args.max_length, batch_size=args.gen_batch_size
+    )
+    target = models.target
+    expected = EagleShape.for_target(target.runner, target.tokenizer)
+    init = EagleHead.load(resolve_head(args.init, target.name), expected=expected)
+    out = Path(args.out)
+    write_run_config(out, {"target": args.target, **vars(args) | {"run": None}})
+    data = DataOptions(
+        data_dir=args.data_dir,
+        max_prompts=max(args.regenerate, 1),
+        max_new_tokens=args.gen_max_new_tokens,
+        batch_size=args.gen_batch_size,
+    )
+    samples = collect_samples(
+        target, data, args.regenerate, args.reference, out / "data", config.max_seq_tokens,
+        not args.quiet, _answered(args.responses),
+    )  # fmt: skip
+    if args.baseline == "distill":
+        continued_distillation(
+            target, samples, out, config, init, args.distill_batch_tokens, not args.quiet
+        )
+    else:
+        train_ppow(target, samples, out, config, init, progress=not args.quiet)
+    print(out / "head")
+    return 0
+
+
+def _answered(responses: str | None) -> list | None:
+    """The target's answers another run generated (--responses), None to generate them."""
+    if responses is None:
+        return None
+    folder = Path(responses)
+    if not (folder / RESPONSES_FILE).is_file() and (folder / "data" / RESPONSES_FILE).is_file():
+        folder = folder / "data"
+    samples = read_samples(folder)
+    if not samples:
+        raise ConfigError(
+            f"no answers ({RESPONSES_FILE}) in {responses}: pass a train-eagle or train-ppow "
+            "--out folder, or leave --responses out to generate them"
+        )
+    return samples

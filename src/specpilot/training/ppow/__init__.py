@@ -1,0 +1,7 @@
+"""PPOW: window-level group-relative RL fine-tuning of the feature drafter (Performance-Driven
+Policy Optimization for Speculative Decoding with Adaptive Windowing)."""
+
+from specpilot.training.ppow.config import PpowConfig
+from specpilot.training.ppow.trainer import continued_distillation, train_ppow
+
+__all__ = ["PpowConfig", "continued_distillation", "train_ppow"]
