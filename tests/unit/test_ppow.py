@@ -23,8 +23,7 @@ from specpilot.policies import ConstantPolicy
 from specpilot.training.eagle.data import Sample
 from specpilot.training.eagle.features import sequence_features
 from specpilot.training.eagle.trainer import LOG_FILE
-from specpilot.training.ppow import PpowConfig, continued_distillation, train_ppow
-from specpilot.training.ppow import adaw
+from specpilot.training.ppow import PpowConfig, adaw, continued_distillation, train_ppow
 from specpilot.training.ppow import trainer as ppow_trainer
 from specpilot.training.ppow.loss import exact_kl, ppow_loss
 from specpilot.training.ppow.rewards import (
@@ -168,8 +167,11 @@ def test_curriculum_stages_and_refresh():
 
 
 def test_config_is_validated():
-    for bad in (dict(group=1), dict(acceptance="mean"), dict(kl_direction="both"),
-                dict(adaw_curriculum=(0.2, 1.5)), dict(clip_eps=0.0), dict(gamma=-1.0)):  # fmt: skip
+    bad_settings = (
+        dict(group=1), dict(acceptance="mean"), dict(kl_direction="both"),
+        dict(adaw_curriculum=(0.2, 1.5)), dict(clip_eps=0.0), dict(gamma=-1.0),
+    )  # fmt: skip
+    for bad in bad_settings:
         with pytest.raises(ConfigError):
             PpowConfig(**bad)
 
@@ -230,9 +232,9 @@ def test_sampled_windows_follow_the_generator(model):
 
     def draw(seed):
         generator = torch.Generator().manual_seed(seed)
-        return unroll_windows(
-            head, prefix, feats, runner.embed, [5, 6], 8, 4, generator=generator
-        )[1]
+        return unroll_windows(head, prefix, feats, runner.embed, [5, 6], 8, 4, generator=generator)[
+            1
+        ]
 
     assert torch.equal(draw(0), draw(0))
     assert draw(0).shape == (16, 4) and not torch.equal(draw(0)[0::2], draw(0)[1::2])
@@ -317,7 +319,9 @@ def test_training_runs_resumes_and_writes_a_loadable_head(tmp_path, monkeypatch)
     assert len(rows) == 1 + TRAIN.updates
     assert (tmp_path / "full" / "ppow_curves.png").is_file()
     loaded = EagleHead.load(tmp_path / "full" / "head", expected=init.shape)
-    assert any(not torch.equal(a, b) for a, b in zip(head.parameters(), init.parameters()))
+    assert any(
+        not torch.equal(a, b) for a, b in zip(head.parameters(), init.parameters(), strict=True)
+    )
     assert torch.equal(loaded.draft_ids, init.draft_ids)
 
     # Interrupted after the third update: re-running continues from the checkpoint at update 2
