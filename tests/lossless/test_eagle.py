@@ -3,11 +3,14 @@
 Greedy identity against plain decoding for chains, trees, trees with SVIP's stop, batches of
 rows that accept different counts, one-token prompts and the end of the context; the drafter's
 cache after decoding equals a fresh catch-up over the committed sequence (its features follow
-the target exactly); sampled output follows the target's distribution (chi-square, T = 1 and
-T = 0.8 with top-k/top-p), and the same test rejects a verifier that accepts every tree node.
+the target exactly); a PPOW-trained head keeps float32 greedy identity; sampled output follows
+the target's distribution (chi-square, T = 1 and T = 0.8 with top-k/top-p), and the same test
+rejects a verifier that accepts every tree node.
 """
 
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -18,9 +21,12 @@ from tiny import TinyTokenizer
 import specpilot.engine.speculative as speculative
 from specpilot.config import GenerationConfig, SamplingConfig
 from specpilot.drafting.eagle import EagleDrafter
+from specpilot.drafting.eagle_head import EagleHead
 from specpilot.engine import SpeculativeEngine
 from specpilot.models.decoder import DecoderRunner
 from specpilot.policies import ConstantPolicy, SvipPolicy
+from specpilot.training.eagle.data import Sample
+from specpilot.training.ppow import PpowConfig, train_ppow
 from specpilot.types import VerifyResult
 
 PROMPTS = [[1, 5, 9, 14, 20, 7], [1, 33, 44], [1, 60, 61, 62, 63, 64, 65, 66, 67], [1]]
@@ -43,9 +49,9 @@ def plain_outputs(model):
     return [engine.generate(p, config).token_ids for p in PROMPTS]
 
 
-def eagle_engine(model, policy=None, batch_size=1, max_length=None, **options):
+def eagle_engine(model, policy=None, batch_size=1, max_length=None, head=None, **options):
     runner = DecoderRunner(model, max_length=max_length, batch_size=batch_size)
-    drafter = EagleDrafter(runner, tiny_head(runner), **options)
+    drafter = EagleDrafter(runner, head or tiny_head(runner), **options)
     policy = policy or ConstantPolicy(options["depth"])
     return SpeculativeEngine(runner, TinyTokenizer(), drafter, policy, eos_ids=set())
 
@@ -110,6 +116,36 @@ def test_drafter_cache_equals_a_fresh_catch_up(model):
     assert state.fed == fresh.slots[0].fed == n
     torch.testing.assert_close(state.k[:, :n], fresh.slots[0].k[:, :n])
     torch.testing.assert_close(state.v[:, :n], fresh.slots[0].v[:, :n])
+
+
+@pytest.mark.parametrize("name", ["chain", "tree"])
+def test_ppow_trained_head_keeps_float32_greedy_identity(tmp_path, name):
+    """A head after a few PPOW updates (saved and reloaded as decoding loads it) drafts for a
+    float32 target whose output stays plain greedy decoding's."""
+    model = tiny_target(torch.float32)
+    runner = DecoderRunner(model, max_length=160)
+    target = SimpleNamespace(runner=runner, tokenizer=None, name="tiny")
+    generator = torch.Generator().manual_seed(0)
+    samples = [
+        Sample(f"s{i}", [1, 5, 6], torch.randint(4, 96, (24,), generator=generator).tolist())
+        for i in range(6)
+    ]
+    config = PpowConfig(
+        updates=3, windows_per_update=2, window=4, group=4, gamma=0.12, lr=1e-3,
+        valid_samples=1, eval_every=3, save_every=3,
+    )  # fmt: skip
+    init = tiny_head(runner, draft_vocab=80, noise=0.1)
+    train_ppow(target, samples, tmp_path, config, init, progress=False)
+    head = EagleHead.load(tmp_path / "head", expected=init.shape)
+    plain = SpeculativeEngine(DecoderRunner(model), TinyTokenizer(), eos_ids=set())
+    engine = eagle_engine(model, head=head, **CONFIGS[name])
+    accepted = 0
+    for prompt in PROMPTS:
+        expected = plain.generate(prompt, GenerationConfig(max_new_tokens=30)).token_ids
+        result = engine.generate(prompt, GenerationConfig(max_new_tokens=30))
+        assert result.token_ids == expected
+        accepted += result.stats.accepted
+    assert accepted > 0
 
 
 # -- sampling ----------------------------------------------------------------------------------
