@@ -10,6 +10,7 @@ import torch
 from eagle_fixtures import WORDS, tiny_head, tiny_target
 from tiny import tiny_tokenizer
 
+from specpilot.drafting import eagle_head
 from specpilot.drafting.dynamic_tree import DynamicTree
 from specpilot.drafting.eagle_head import (
     CONFIG_FILE,
@@ -73,6 +74,23 @@ def test_missing_and_corrupt_heads(runner, tmp_path):
     (tmp_path / "head" / CONFIG_FILE).write_text(json.dumps({**meta, "format_version": 99}))
     with pytest.raises(ConfigError, match="format"):
         EagleHead.load(tmp_path / "head")
+
+
+def test_committed_heads_resolve_by_name(runner, tmp_path, monkeypatch):
+    """`--eagle-head ppow` is the head committed beside the target's own (heads/<target>-ppow);
+    a path or a train-ppow --out folder still wins, and an unknown name lists the known ones."""
+    monkeypatch.setattr(eagle_head, "COMMITTED_HEADS", tmp_path / "heads")
+    head = tiny_head(runner)
+    head.save(tmp_path / "heads" / "tiny")
+    head.save(tmp_path / "heads" / "tiny-ppow")
+    assert resolve_head(None, "tiny") == tmp_path / "heads" / "tiny"
+    assert resolve_head("ppow", "tiny") == tmp_path / "heads" / "tiny-ppow"
+    head.save(tmp_path / "run" / "head")
+    assert resolve_head(tmp_path / "run", "tiny") == tmp_path / "run" / "head"
+    with pytest.raises(ConfigError, match="committed names: ppow"):
+        resolve_head("distill", "tiny")
+    with pytest.raises(ConfigError, match="not found"):
+        resolve_head("./ppow", "tiny")
 
 
 def test_dynamic_tree_keeps_the_best_nodes_with_their_ancestors():

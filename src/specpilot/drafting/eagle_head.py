@@ -360,14 +360,16 @@ def resolve_head(path: str | Path | None, target_name: str) -> Path:
     if not (folder / CONFIG_FILE).is_file() and (folder / "head" / CONFIG_FILE).is_file():
         return folder / "head"
     if not folder.exists() and _is_name(path):
-        named = COMMITTED_HEADS / f"{target_name}-{path}"
-        if (named / CONFIG_FILE).is_file():
-            return named
-        committed = sorted(
-            f.name.removeprefix(f"{target_name}-")
-            for f in COMMITTED_HEADS.glob(f"{target_name}-*")
-            if (f / CONFIG_FILE).is_file()
-        )
+        committed = []
+        if _is_name(target_name):  # an offline name (a target loaded from a path has none)
+            named = COMMITTED_HEADS / f"{target_name}-{path}"
+            if (named / CONFIG_FILE).is_file():
+                return named
+            committed = sorted(
+                f.name.removeprefix(f"{target_name}-")
+                for f in COMMITTED_HEADS.glob(f"{target_name}-*")
+                if (f / CONFIG_FILE).is_file()
+            )
         raise ConfigError(
             f"eagle head {str(path)!r} is neither a folder nor a head committed for "
             f"{target_name!r} (committed names: {', '.join(committed) or 'none'})"
