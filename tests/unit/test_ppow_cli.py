@@ -9,8 +9,6 @@ import json
 from test_dvi_cli import assert_one_line_error, run_cli
 from test_eagle_cli import DTYPE, data_dir, target, trained  # noqa: F401 (fixtures)
 
-from specpilot.cli import main
-
 SMALL = ["--updates", "2", "--windows-per-update", "2", "--window", "4", "--group", "4"]
 SMALL += ["--valid-samples", "2", "--gamma", "0.12", "--eval-every", "2", "--quiet"]
 
