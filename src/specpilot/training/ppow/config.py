@@ -55,6 +55,8 @@ class PpowConfig:
     adv_eps: float = 1e-6
     lr: float = 1e-5
     warmup_ratio: float = 0.05
+    """Linear warm-up over this share of the updates, then cosine decay to 10 % (the schedule
+    train-eagle uses, so the distillation baseline trains under the same one)."""
     clip_grad: float = 1.0
     adaw: bool = True
     """Adaptive divergence-aware windowing (off: uniform windows, the ablation without it)."""

@@ -40,6 +40,7 @@ from specpilot.training.eagle.trainer import (
     save_checkpoint,
     split_samples,
     train_eagle,
+    warmup_cosine,
 )
 from specpilot.training.ppow import adaw
 from specpilot.training.ppow.config import PpowConfig
@@ -121,7 +122,7 @@ def train_ppow(
         chosen = adaw.select_windows(
             config.windows_per_update, candidates[0].numel(), pool, fraction, generator
         )
-        lr = _learning_rate(update, config)
+        lr = warmup_cosine(update, config.lr, config.warmup, config.updates)
         for group in optimizer.param_groups:
             group["lr"] = lr
         row = ppow_update(
@@ -142,14 +143,6 @@ def train_ppow(
     head.save(out / HEAD_DIR)
     plot_curves(out / LOG_FILE, out / CURVES_FILE, config)
     return head
-
-
-def _learning_rate(update: int, config: PpowConfig) -> float:
-    """Linear warm-up over `warmup_ratio` of the updates, then constant (the paper gives no
-    decay)."""
-    if update < config.warmup:
-        return config.lr * (update + 1) / config.warmup
-    return config.lr
 
 
 def ppow_update(
@@ -206,7 +199,10 @@ def ppow_update(
 
 def _rollout(head, sample, lengths, features, runner, config, gamma, generator) -> dict:
     """G windows after each prefix length of one sample, with the target's verdict, rewards and
-    advantages: everything the gradient steps need."""
+    advantages: everything the gradient steps need. The sample is cut after its last window
+    (nothing later is seen by the head or the target), which halves the prefill on average."""
+    end = max(lengths) + config.window - len(sample.prompt_ids)
+    sample = Sample(sample.id, sample.prompt_ids, sample.response_ids[:end])
     feats = features(sample, keep_cache=True)
     g, k = config.group, config.window
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.bf16):
