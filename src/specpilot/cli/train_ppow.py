@@ -38,8 +38,8 @@ HELP = {
     "windows_per_update": "prefixes (rollout groups) per update",
     "window": "K, drafted tokens per window",
     "group": "G, windows sampled per prefix",
-    "gamma": "relative drafter cost in k/(kγ+1): a number (the paper: 0.12) or 'measured' "
-    "(a head step's time over a target step's, measured once per run)",
+    "gamma": "relative drafter cost in k/(kγ+1): a number (default: the paper's 0.12) or "
+    "'measured' (a head step's time over a target step's, measured once per run)",
     "acceptance": "accepted length: rejection sampling, its expectation, or greedy matches",
     "proximity": "proximity reward for windows with no accepted token",
     "prox_reference": "ŷ: the training response's next K tokens (the target's greedy answer) or "
@@ -131,7 +131,6 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
         options = {"default": defaults[name], "help": HELP.get(name)}
         if name == "gamma":
             options |= {"type": _gamma, "metavar": "NUMBER|measured"}
-            options["default"] = None
         elif kind is bool:
             options["action"] = argparse.BooleanOptionalAction
         elif name == "adaw_curriculum":
