@@ -1,5 +1,5 @@
 """PPOW's settings: the paper's values where it gives them (Table A.3), the project's choices
-(docs/methods.md, "PPOW") where it does not, and an option for each of those choices."""
+(docs/methods.md §7) where it does not, and an option for each of those choices."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ PROX_REFERENCES = ("response", "greedy")
 @dataclass(frozen=True)
 class PpowConfig:
     updates: int = 600
-    """Optimizer updates (the paper trains ~30k on H100s; this default fits SmolLM2 in about
-    3 hours on a 2-core CPU)."""
+    """Optimizer updates (the paper trains ~30k on H100s; this default is meant to fit SmolLM2 in
+    a few CPU hours: set it from the seconds per update the progress bar shows)."""
     windows_per_update: int = 8
     """Prefixes (one rollout group each) per update."""
     window: int = 10
