@@ -38,16 +38,36 @@ HELP = {
     "windows_per_update": "prefixes (rollout groups) per update",
     "window": "K, drafted tokens per window",
     "group": "G, windows sampled per prefix",
-    "gamma": "relative drafter cost in k/(kγ+1): a number (default: the paper's 0.12) or "
-    "'measured' (a head step's time over a target step's, measured once per run)",
+    "temperature": "rollout temperature (the target is judged at the same)",
+    "gamma": "relative drafter cost in k/(kγ+1): a number (the paper's: 0.12) or 'measured' "
+    "(a head step's time over a target step's, once per run)",
     "acceptance": "accepted length: rejection sampling, its expectation, or greedy matches",
     "proximity": "proximity reward for windows with no accepted token",
+    "prox_alpha": "proximity reward size α",
+    "prox_delta": "proximity tolerance δ (nats)",
+    "prox_form": "indicator α·1[Δ<δ] or soft α·max(0, 1−Δ/δ)",
+    "prox_mean": "Δ per token (÷K) instead of summed over the window",
+    "prox_absolute": "Δ = |L(ŷ) − L(y)| instead of max(0, L(ŷ) − L(y))",
     "prox_reference": "ŷ: the training response's next K tokens (the target's greedy answer) or "
     "K greedy target steps",
+    "clip_eps": "ratio clip ε",
+    "kl_beta": "KL coefficient β",
     "kl_direction": "reverse = KL(Q‖P), forward = KL(P‖Q)",
+    "ppo_epochs": "gradient steps per batch of rollouts",
+    "adv_eps": "advantage normaliser's ε",
+    "lr": "AdamW peak learning rate",
+    "warmup_ratio": "share of updates in linear warm-up (then cosine to 10%%)",
+    "clip_grad": "gradient-norm clip",
     "adaw": "adaptive divergence-aware windowing (off: uniform windows)",
+    "adaw_pool": "share of windows (most critical) in the hard pool",
     "adaw_curriculum": "hard-window fractions of equal stages, e.g. 0.2,0.4,0.6",
     "adaw_start": "updates of uniform windows before ADAW starts",
+    "adaw_refresh": "rescore the windows every N updates",
+    "valid_samples": "held-out sequences (the last ones) for the eval metrics",
+    "max_seq_tokens": "longest training sequence",
+    "eval_every": "updates between held-out evaluations",
+    "save_every": "updates between checkpoints",
+    "seed": "seed of window choice and sampling",
     "bf16": "head matrix products in bf16 autocast",
 }
 
@@ -128,7 +148,7 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
     for field in dataclasses.fields(PpowConfig):
         name, kind = field.name, hints[field.name]
         flag = f"--{name.replace('_', '-')}"
-        options = {"default": defaults[name], "help": HELP.get(name)}
+        options = {"default": defaults[name], "help": HELP[name] + " (default: %(default)s)"}
         if name == "gamma":
             options |= {"type": _gamma, "metavar": "NUMBER|measured"}
         elif kind is bool:

@@ -18,8 +18,9 @@ accepted length) sit beside the final head in `out/head`.
 from __future__ import annotations
 
 import copy
+import csv
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -28,7 +29,7 @@ from tqdm import tqdm
 from specpilot.drafting.eagle_head import EagleHead
 from specpilot.errors import ConfigError
 from specpilot.training.eagle.data import Sample
-from specpilot.training.eagle.features import sequence_features
+from specpilot.training.eagle.features import SequenceFeatures, sequence_features
 from specpilot.training.eagle.trainer import (
     HEAD_DIR,
     LOG_FILE,
@@ -153,31 +154,26 @@ def ppow_update(
     by_sample: dict[int, list[int]] = {}
     for c in chosen.tolist():
         by_sample.setdefault(int(indices[c]), []).append(int(lengths[c]))
-    batches = []
-    rewards, accepted, prox = [], [], []
-    for i, prefix_lengths in by_sample.items():
-        batch = _rollout(head, train[i], prefix_lengths, features, runner, config, gamma, generator)
-        batches.append(batch)
-        rewards.append(batch["reward"])
-        accepted.append(batch["k"])
-        prox.append(batch["prox"] > 0)
-    windows = sum(b["tokens"].shape[0] for b in batches)
+    batches = [
+        _rollout(head, train[i], prefix_lengths, features, runner, config, gamma, generator)
+        for i, prefix_lengths in by_sample.items()
+    ]
+    windows = sum(b.tokens.shape[0] for b in batches)
     kls, clips, losses = [], [], []
     for _ in range(config.ppo_epochs):
         optimizer.zero_grad(set_to_none=True)
         for batch in batches:
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.bf16):
-                feats = batch["feats"]
-                prefix = head_prefix(head, feats)
+                prefix = head_prefix(head, batch.feats)
                 logp, _ = unroll_windows(
-                    head, prefix, feats, runner.embed, batch["lengths"], config.group,
-                    config.window, config.temperature, tokens=batch["tokens"],
+                    head, prefix, batch.feats, runner.embed, batch.lengths, config.group,
+                    config.window, config.temperature, tokens=batch.tokens,
                 )  # fmt: skip
             parts = ppow_loss(
-                logp, batch["tokens"], batch["old_logp"], batch["advantages"],
-                batch["target_logp"], config.clip_eps, config.kl_beta, config.kl_direction,
+                logp, batch.tokens, batch.old_logp, batch.advantages, batch.target_logp,
+                config.clip_eps, config.kl_beta, config.kl_direction,
             )  # fmt: skip
-            share = batch["tokens"].shape[0] / windows
+            share = batch.tokens.shape[0] / windows
             (parts.loss * share).backward()
             kls.append(parts.kl * share)
             clips.append(parts.clip_fraction * share)
@@ -187,16 +183,36 @@ def ppow_update(
     optimizer.zero_grad(set_to_none=True)
     epochs = config.ppo_epochs
     return {
-        "reward": float(torch.cat(rewards).mean()),
-        "accepted": float(torch.cat(accepted).mean()),
-        "prox_rate": float(torch.cat(prox).float().mean()),
+        "reward": float(torch.cat([b.reward for b in batches]).mean()),
+        "accepted": float(torch.cat([b.accepted for b in batches]).mean()),
+        "prox_rate": float((torch.cat([b.prox for b in batches]) > 0).float().mean()),
         "kl": sum(kls) / epochs,
         "clip_frac": sum(clips) / epochs,
         "loss": sum(losses) / epochs,
     }
 
 
-def _rollout(head, sample, lengths, features, runner, config, gamma, generator) -> dict:
+@dataclass
+class Rollouts:
+    """One sequence's groups: what the gradient steps re-score, and what the log reports.
+    Window rows are window-major (row w·G + g)."""
+
+    feats: SequenceFeatures
+    lengths: list[int]
+    tokens: torch.Tensor
+    """[W·G, K] drafted draft-vocabulary ids."""
+    old_logp: torch.Tensor
+    """[W·G, K] their log-probability under the sampling policy."""
+    advantages: torch.Tensor
+    """[W·G]"""
+    target_logp: torch.Tensor
+    """[W·G, K, V] the target's log-distribution over the draft vocabulary."""
+    reward: torch.Tensor
+    accepted: torch.Tensor
+    prox: torch.Tensor
+
+
+def _rollout(head, sample, lengths, features, runner, config, gamma, generator) -> Rollouts:
     """G windows after each prefix length of one sample, with the target's verdict, rewards and
     advantages: everything the gradient steps need. The sample is cut after its last window
     (nothing later is seen by the head or the target), which halves the prefill on average."""
@@ -227,17 +243,17 @@ def _rollout(head, sample, lengths, features, runner, config, gamma, generator) 
         )
         reward = reward + prox
     advantages = group_advantages(reward, config.adv_eps)
-    return {
-        "feats": feats,
-        "lengths": lengths,
-        "tokens": tokens,
-        "old_logp": old_logp,
-        "advantages": advantages.reshape(-1),
-        "target_logp": verdict.draft_logp.reshape(len(lengths) * g, k, -1),
-        "reward": reward.reshape(-1),
-        "k": accepted.reshape(-1),
-        "prox": prox.reshape(-1),
-    }
+    return Rollouts(
+        feats,
+        lengths,
+        tokens,
+        old_logp,
+        advantages.reshape(-1),
+        verdict.draft_logp.reshape(len(lengths) * g, k, -1),
+        reward.reshape(-1),
+        accepted.reshape(-1),
+        prox.reshape(-1),
+    )
 
 
 @torch.inference_mode()
@@ -323,8 +339,6 @@ def continued_distillation(
 def plot_curves(log: Path, png: Path, config: PpowConfig) -> None:
     """Reward, KL and accepted length per update (ADAW's start marked: the paper's signature is
     a dip in reward and a rise in KL there, then recovery)."""
-    import csv
-
     import matplotlib
 
     matplotlib.use("Agg")
