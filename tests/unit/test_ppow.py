@@ -316,7 +316,8 @@ def test_training_runs_resumes_and_writes_a_loadable_head(tmp_path, monkeypatch)
     samples = _samples()
     head = train_ppow(target, samples, tmp_path / "full", TRAIN, init, progress=False)
     rows = (tmp_path / "full" / LOG_FILE).read_text().splitlines()
-    assert len(rows) == 1 + TRAIN.updates
+    assert len(rows) == 2 + TRAIN.updates  # header, the initial head's eval, one per update
+    assert rows[1].startswith("0,") and rows[1].split(",")[-1]
     assert (tmp_path / "full" / "ppow_curves.png").is_file()
     loaded = EagleHead.load(tmp_path / "full" / "head", expected=init.shape)
     assert any(

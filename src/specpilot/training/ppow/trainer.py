@@ -111,6 +111,9 @@ def train_ppow(
     )  # fmt: skip
     started = time.perf_counter() - state["seconds"]
     pool = state["pool"]
+    if state["update"] == 0 and valid:  # the initial head's held-out metrics, for comparison
+        log.write({"update": 0} | evaluate(head, runner, valid, head.shape, EVAL, target_rows))
+        head.train()
     for update in range(state["update"], config.updates):
         if adaw.refresh_due(update, config):
             scores = adaw.score_windows(
@@ -345,7 +348,8 @@ def plot_curves(log: Path, png: Path, config: PpowConfig) -> None:
     import matplotlib.pyplot as plt
 
     with log.open() as f:
-        rows = [r for r in csv.DictReader(f) if r["reward"]]
+        logged = list(csv.DictReader(f))
+    rows = [r for r in logged if r["reward"]]
     if not rows:
         return
     x = [int(r["update"]) for r in rows]
@@ -356,7 +360,7 @@ def plot_curves(log: Path, png: Path, config: PpowConfig) -> None:
         ax.set(xlabel="update", ylabel=label, title=label)
         if config.adaw:
             ax.axvline(config.adaw_start, color="grey", ls="--", lw=0.8, label="ADAW on")
-    evals = [r for r in rows if r["val_tau"]]
+    evals = [r for r in logged if r["val_tau"]]
     if evals:
         axes[2].plot(
             [int(r["update"]) for r in evals], [float(r["val_tau"]) - 1 for r in evals],
