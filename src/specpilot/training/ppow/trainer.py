@@ -356,7 +356,9 @@ def plot_curves(log: Path, png: Path, config: PpowConfig) -> None:
     fig, axes = plt.subplots(1, 3, figsize=(14, 4))
     panels = (("reward", "window reward"), ("kl", "KL per position"), ("accepted", "accepted k"))
     for ax, (column, label) in zip(axes, panels, strict=True):
-        ax.plot(x, [float(r[column]) for r in rows], lw=0.8, label="rollouts")
+        values = [float(r[column]) for r in rows]
+        ax.plot(x, values, lw=0.6, alpha=0.4, label="rollouts")
+        ax.plot(x, _running_mean(values, 25), lw=1.2, color="C0", label="mean of 25 updates")
         ax.set(xlabel="update", ylabel=label, title=label)
         if config.adaw:
             ax.axvline(config.adaw_start, color="grey", ls="--", lw=0.8, label="ADAW on")
@@ -371,3 +373,13 @@ def plot_curves(log: Path, png: Path, config: PpowConfig) -> None:
     fig.tight_layout()
     fig.savefig(png, dpi=100)
     plt.close(fig)
+
+
+def _running_mean(values: list[float], span: int) -> list[float]:
+    """Mean of each value and the up to `span` − 1 before it (rollout rewards are noisy)."""
+    sums, out = [0.0], []
+    for i, value in enumerate(values):
+        sums.append(sums[-1] + value)
+        start = max(0, i + 1 - span)
+        out.append((sums[i + 1] - sums[start]) / (i + 1 - start))
+    return out
