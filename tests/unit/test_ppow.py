@@ -211,7 +211,7 @@ def test_unrolled_windows_draft_like_the_eagle_drafter(model):
             taps = torch.cat([out[0].taps[k] for k in drafter.feature_layers], dim=-1)
             drafter.take_features(0, 0, taps, sequence[:-1])
             (proposal,) = drafter.propose(
-                [sequence], [0], [window], [ConstantPolicy(window)], SamplingConfig(), [None]
+                [sequence], [0], [window], [ConstantPolicy(window)], [SamplingConfig()], [None]
             )
             tokens = torch.searchsorted(head.draft_ids, torch.tensor(proposal.tokens))
             logp, _ = unroll_windows(

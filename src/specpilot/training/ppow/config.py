@@ -1,5 +1,5 @@
 """PPOW's settings: the paper's values where it gives them (Table A.3), the project's choices
-(docs/methods.md §7) where it does not, and an option for each of those choices."""
+(docs/methods.md §9) where it does not, and an option for each of those choices."""
 
 from __future__ import annotations
 
