@@ -155,6 +155,27 @@ def test_hard_pool_and_selection():
     chosen = adaw.select_windows(10, 10, pool, 0.4, generator)
     assert len(chosen) == 10 and set(chosen[:4].tolist()) <= {1, 3}
     assert len(adaw.select_windows(5, 10, None, 0.6, generator)) == 5  # no pool: uniform
+    # Windows of unscored sequences (−inf) never enter the pool; its size counts scored ones.
+    partial = torch.tensor([0.1, float("-inf"), 0.3, float("-inf"), 0.2])
+    assert adaw.hard_pool(partial, 0.5).tolist() == [2, 4]
+
+
+def test_adaw_scores_only_the_chosen_sequences(model):
+    runner = DecoderRunner(model)
+    head = tiny_head(runner, noise=0.3)
+    rows = runner.lm_head[head.draft_ids].contiguous()
+    samples = [SAMPLE, Sample("t", [1, 2, 3], [40, 41, 42, 43, 44, 45, 46])]
+    candidates = candidate_windows(samples, 4)
+
+    def features(sample):
+        return sequence_features(runner, sample, head.shape.feature_layers, rows)
+
+    every = adaw.score_windows(head, samples, candidates, features, 4, False, False)
+    some = adaw.score_windows(head, samples, candidates, features, 4, False, False, [1])
+    assert torch.isfinite(every).all() and (every >= 0).all()
+    second = candidates[0] == 1
+    torch.testing.assert_close(some[second], every[second])
+    assert torch.isinf(some[~second]).all()
 
 
 def test_curriculum_stages_and_refresh():

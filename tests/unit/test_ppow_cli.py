@@ -10,7 +10,7 @@ from test_dvi_cli import assert_one_line_error, run_cli
 from test_eagle_cli import DTYPE, data_dir, target, trained  # noqa: F401 (fixtures)
 
 SMALL = ["--updates", "2", "--windows-per-update", "2", "--window", "4", "--group", "4"]
-SMALL += ["--valid-samples", "2", "--eval-every", "2", "--quiet"]
+SMALL += ["--valid-samples", "2", "--eval-every", "2", "--adaw-sequences", "3", "--quiet"]
 
 
 def test_train_ppow_then_generate_equals_plain(trained, target, tmp_path, capsys):  # noqa: F811

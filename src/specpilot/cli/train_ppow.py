@@ -63,6 +63,8 @@ HELP = {
     "adaw_curriculum": "hard-window fractions of equal stages, e.g. 0.2,0.4,0.6",
     "adaw_start": "updates of uniform windows before ADAW starts",
     "adaw_refresh": "rescore the windows every N updates",
+    "adaw_sequences": "sequences scored per refresh, a random subset (one target prefill each: "
+    "cap it on large targets; None: all)",
     "valid_samples": "held-out sequences (the last ones) for the eval metrics",
     "max_seq_tokens": "longest training sequence",
     "eval_every": "updates between held-out evaluations",
@@ -157,8 +159,10 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
             options["type"] = _fractions
         elif name in CHOICES:
             options["choices"] = CHOICES[name]
-        else:
-            options["type"] = kind
+        else:  # int, float, or an optional one (`X | None`: the flag gives an X)
+            options["type"] = next(
+                t for t in typing.get_args(kind) or (kind,) if t is not type(None)
+            )
         parser.add_argument(flag, **options)
 
 

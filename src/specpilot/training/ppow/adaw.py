@@ -3,7 +3,8 @@ drafter diverges from a confident target.
 
 Token criticality v_t = C(P_t)·KL(P_t‖Q_t) with confidence C(P) = 1 − H(P)/log|V|, from one
 teacher-forced pass of the target and the head (depth 1) per sequence; a window's criticality is
-the mean over its K positions. The hard pool is the top `adaw_pool` fraction of windows; each
+the mean over its K positions (`adaw_sequences` caps the sequences scored per refresh: a
+random subset, for large targets). The hard pool is the top `adaw_pool` fraction of windows; each
 batch draws a curriculum fraction from it (0.2 → 0.4 → 0.6 over equal stages after
 `adaw_start`) and the rest uniformly. Scores are recomputed with the current head every
 `adaw_refresh` updates. P and Q are both over the draft vocabulary (the head's own; the target's
@@ -50,12 +51,15 @@ def score_windows(
     window: int,
     autocast: bool,
     progress: bool,
+    sequences: list[int] | None = None,
 ) -> torch.Tensor:
-    """Criticality of every candidate window (`features(sample)` → SequenceFeatures)."""
+    """Criticality of every candidate window (`features(sample)` → SequenceFeatures); only the
+    windows of `sequences` (sample indices; None: all) are scored, the others get −inf."""
     indices, lengths = candidates
-    scores = torch.zeros(indices.numel())
+    scores = torch.full((indices.numel(),), float("-inf"))
     head.eval()
-    for i in tqdm(indices.unique().tolist(), disable=not progress, desc="ADAW scores", leave=False):
+    todo = indices.unique().tolist() if sequences is None else sequences
+    for i in tqdm(todo, disable=not progress, desc="ADAW scores", leave=False):
         feats = features(samples[i])
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
             out, _, _ = head.block(head.fuse(feats.taps), feats.embeds, feats.cos, feats.sin)
@@ -68,8 +72,8 @@ def score_windows(
 
 
 def hard_pool(scores: torch.Tensor, fraction: float) -> torch.Tensor:
-    """Indices of the top `fraction` of windows by criticality (at least one)."""
-    count = max(1, math.ceil(fraction * scores.numel()))
+    """Indices of the top `fraction` of the scored windows by criticality (at least one)."""
+    count = max(1, math.ceil(fraction * int(torch.isfinite(scores).sum())))
     return torch.topk(scores, count).indices
 
 

@@ -69,6 +69,9 @@ class PpowConfig:
     """Updates of uniform windows before ADAW starts (the stages split the rest)."""
     adaw_refresh: int = 200
     """Rescore the windows with the current head every this many updates."""
+    adaw_sequences: int | None = None
+    """Sequences scored per refresh (a fresh random subset each time; None: all). Scoring costs
+    one target prefill per sequence: cap it on large targets."""
     valid_samples: int = 16
     max_seq_tokens: int = 1024
     eval_every: int = 25
@@ -107,6 +110,10 @@ class PpowConfig:
         )
         require(self.adaw_start >= 0, "adaw_start must be >= 0")
         require(self.adaw_refresh >= 1, "adaw_refresh must be >= 1")
+        require(
+            self.adaw_sequences is None or self.adaw_sequences >= 1,
+            f"adaw_sequences must be >= 1, got {self.adaw_sequences}",
+        )
         require(self.valid_samples >= 0, "valid_samples must be >= 0")
         require(self.max_seq_tokens >= self.window + 4, "max_seq_tokens must exceed the window")
         require(self.eval_every >= 1 and self.save_every >= 1, "eval/save intervals must be >= 1")

@@ -117,8 +117,9 @@ def train_ppow(
     for update in range(state["update"], config.updates):
         if adaw.refresh_due(update, config):
             scores = adaw.score_windows(
-                head, train, candidates, features, config.window, config.bf16, progress
-            )
+                head, train, candidates, features, config.window, config.bf16, progress,
+                _scored_sequences(candidates[0], config, update),
+            )  # fmt: skip
             pool = adaw.hard_pool(scores, config.adaw_pool)
         generator = torch.Generator().manual_seed(config.seed * 1_000_003 + update)
         fraction = adaw.hard_fraction(update, config)
@@ -146,6 +147,16 @@ def train_ppow(
     head.save(out / HEAD_DIR)
     plot_curves(out / LOG_FILE, out / CURVES_FILE, config)
     return head
+
+
+def _scored_sequences(indices: torch.Tensor, config: PpowConfig, update: int) -> list[int] | None:
+    """The sequences ADAW scores at this refresh: all, or a random `adaw_sequences` of them."""
+    sequences = indices.unique()
+    if config.adaw_sequences is None or config.adaw_sequences >= sequences.numel():
+        return None
+    generator = torch.Generator().manual_seed(config.seed * 1_000_003 + update + 500_000)
+    order = torch.randperm(sequences.numel(), generator=generator)
+    return sequences[order[: config.adaw_sequences]].tolist()
 
 
 def ppow_update(
