@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from specpilot.drafting.eagle_head import EagleHead
+from specpilot.errors import ConfigError
 from specpilot.training.eagle.data import Sample
 from specpilot.training.eagle.features import SequenceFeatures
 
@@ -139,7 +140,7 @@ def judge_windows(
     per_window = 1 + chains * (window - 1)
     room = runner.max_length - len(ids)
     if per_window > room:
-        raise RuntimeError(
+        raise ConfigError(
             f"the target's cache has room for {room} window tokens past the sequence, a group "
             f"needs {per_window}: raise --max-length"
         )
