@@ -1,10 +1,14 @@
-"""Atomic folder writes shared by everything that saves a model artefact (heads, checkpoints)."""
+"""Model artefacts on disk (heads, policies, checkpoints): atomic folder writes, and finding the
+folder a command-line flag names."""
 
 from __future__ import annotations
 
 import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
+
+from specpilot.errors import ConfigError
 
 
 def replace_folder(tmp: Path, folder: Path) -> None:
@@ -17,3 +21,39 @@ def replace_folder(tmp: Path, folder: Path) -> None:
         shutil.rmtree(old)
     else:
         os.replace(tmp, folder)
+
+
+@dataclass(frozen=True)
+class ArtefactKind:
+    """A kind of trained folder a flag can name (an eagle head, LTD policies)."""
+
+    what: str
+    """As an error message names it, e.g. "eagle head"."""
+    committed: Path
+    """Folders shipped with the package, one per offline target name."""
+    config_file: str
+    """The file that marks a folder of this kind."""
+    subfolder: str
+    """Where the training command's --out folder keeps the finished artefact."""
+    flag: str
+    train_command: str
+
+
+def resolve_artefact(kind: ArtefactKind, path: str | Path | None, target_name: str) -> Path:
+    """The folder `path` names (itself, or the finished artefact inside a training --out
+    folder), or with no path the one committed for `target_name`."""
+    if path is None:
+        folder = kind.committed / str(target_name)
+        if not (folder / kind.config_file).is_file():
+            raise ConfigError(
+                f"no {kind.what} committed for {target_name!r}; make one with `specpilot "
+                f"{kind.train_command} --target {target_name} --out DIR` and pass {kind.flag} DIR"
+            )
+        return folder
+    folder = Path(path).expanduser()
+    inner = folder / kind.subfolder
+    if not (folder / kind.config_file).is_file() and (inner / kind.config_file).is_file():
+        return inner
+    if not folder.exists():
+        raise ConfigError(f"{kind.what} not found: {folder}")
+    return folder

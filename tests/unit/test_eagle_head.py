@@ -60,7 +60,7 @@ def test_head_for_another_target_is_refused(runner, tmp_path, field, value, name
 def test_missing_and_corrupt_heads(runner, tmp_path):
     with pytest.raises(ConfigError, match="not found"):
         resolve_head(tmp_path / "nope", "x")
-    with pytest.raises(ConfigError, match="no eagle head is committed.*train-eagle"):
+    with pytest.raises(ConfigError, match="no eagle head committed.*train-eagle"):
         resolve_head(None, "no-such-target")
     with pytest.raises(ConfigError, match="not an eagle head folder"):
         EagleHead.load(tmp_path)
@@ -79,7 +79,9 @@ def test_missing_and_corrupt_heads(runner, tmp_path):
 def test_committed_heads_resolve_by_name(runner, tmp_path, monkeypatch):
     """`--eagle-head ppow` is the head committed beside the target's own (heads/<target>-ppow);
     a path or a train-ppow --out folder still wins, and an unknown name lists the known ones."""
-    monkeypatch.setattr(eagle_head, "COMMITTED_HEADS", tmp_path / "heads")
+    monkeypatch.setattr(
+        eagle_head, "HEADS", dataclasses.replace(eagle_head.HEADS, committed=tmp_path / "heads")
+    )
     head = tiny_head(runner)
     head.save(tmp_path / "heads" / "tiny")
     head.save(tmp_path / "heads" / "tiny-ppow")

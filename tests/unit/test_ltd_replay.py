@@ -148,7 +148,7 @@ def test_policy_folder_round_trip_and_errors(tmp_path):
         resolve_policies(tmp_path / "missing", None)
     with pytest.raises(ConfigError, match="not an LTD policy folder"):
         LtdNets.load(tmp_path)
-    with pytest.raises(ConfigError, match="no LTD policies are committed"):
+    with pytest.raises(ConfigError, match="no LTD policies committed"):
         resolve_policies(None, "no-such-target")
     (tmp_path / "run" / "policies" / "size.safetensors").write_bytes(b"garbage")
     with pytest.raises(ConfigError, match="bad LTD policy folder"):

@@ -57,12 +57,20 @@ COLUMNS = [  # (header, row key, width, format)
 
 
 def table(rows: list[dict]) -> str:
-    """Fixed-width text table; '-' where a value does not apply (e.g. MAT of plain decoding)."""
-    header = " ".join(f"{name:>{width}s}" for name, _, width, _ in COLUMNS)
+    """The bench report's rows as text; '-' where a value does not apply (e.g. MAT of plain
+    decoding)."""
+    return fixed_width_table(rows, COLUMNS)
+
+
+def fixed_width_table(rows: list[dict], columns: list[tuple[str, str, int, str]]) -> str:
+    """Rows as a fixed-width text table: columns are (header, row key, width, format); text
+    columns (format "s") are cut to their width and left-aligned, numbers right-aligned, None
+    is '-'."""
+    header = " ".join(f"{name:>{width}s}" for name, _, width, _ in columns)
     lines = [header, "-" * len(header)]
     for row in rows:
         cells = []
-        for _, key, width, spec in COLUMNS:
+        for _, key, width, spec in columns:
             value = row[key]
             text = str(value)[:width] if spec == "s" else _fmt(value, spec)
             cells.append(f"{text:<{width}s}" if spec == "s" else f"{text:>{width}s}")

@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 import httpx
 import numpy as np
 
+from specpilot.bench.report import fixed_width_table
 from specpilot.config import require
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -220,12 +221,4 @@ COLUMNS = [  # (header, key, width, format)
 
 def load_table(levels: list[dict]) -> str:
     """Fixed-width text table of the levels (latencies in ms; '-' where nothing was measured)."""
-    header = " ".join(f"{name:>{width}s}" for name, _, width, _ in COLUMNS)
-    lines = [header, "-" * len(header)]
-    for level in levels:
-        cells = []
-        for _, key, width, spec in COLUMNS:
-            value = level[key]
-            cells.append(f"{'-' if value is None else format(value, spec):>{width}s}")
-        lines.append(" ".join(cells))
-    return "\n".join(lines)
+    return fixed_width_table(levels, COLUMNS)

@@ -36,13 +36,16 @@ from torch import nn
 
 from specpilot.config import require
 from specpilot.errors import ConfigError
-from specpilot.files import replace_folder
+from specpilot.files import ArtefactKind, replace_folder, resolve_artefact
 
 COMMITTED_HEADS = Path(__file__).resolve().parent.parent / "heads"
 """Heads shipped with the package, one folder per offline target name."""
 CONFIG_FILE = "eagle_config.json"
 WEIGHTS_FILE = "model.safetensors"
 FORMAT_VERSION = 1
+HEADS = ArtefactKind(
+    "eagle head", COMMITTED_HEADS, CONFIG_FILE, "head", "--eagle-head", "train-eagle"
+)
 
 
 @dataclass(frozen=True)
@@ -348,35 +351,22 @@ def resolve_head(path: str | Path | None, target_name: str) -> Path:
     """A head folder: `path` itself, the `head/` of a train-eagle/train-ppow output folder, a
     committed head's name (`ppow` → heads/<target>-ppow, a fine-tuned head committed beside the
     target's own), or (no path) the head committed for `target_name`."""
-    if path is None:
-        folder = COMMITTED_HEADS / target_name
-        if not (folder / CONFIG_FILE).is_file():
-            raise ConfigError(
-                f"no eagle head is committed for {target_name!r}; train one with `specpilot "
-                f"train-eagle --target {target_name} --out DIR` and pass --eagle-head DIR"
-            )
-        return folder
-    folder = Path(path).expanduser()
-    if not (folder / CONFIG_FILE).is_file() and (folder / "head" / CONFIG_FILE).is_file():
-        return folder / "head"
-    if not folder.exists() and _is_name(path):
+    if path is not None and not Path(path).expanduser().exists() and _is_name(path):
         committed = []
         if _is_name(target_name):  # an offline name (a target loaded from a path has none)
-            named = COMMITTED_HEADS / f"{target_name}-{path}"
+            named = HEADS.committed / f"{target_name}-{path}"
             if (named / CONFIG_FILE).is_file():
                 return named
             committed = sorted(
                 f.name.removeprefix(f"{target_name}-")
-                for f in COMMITTED_HEADS.glob(f"{target_name}-*")
+                for f in HEADS.committed.glob(f"{target_name}-*")
                 if (f / CONFIG_FILE).is_file()
             )
         raise ConfigError(
             f"eagle head {str(path)!r} is neither a folder nor a head committed for "
             f"{target_name!r} (committed names: {', '.join(committed) or 'none'})"
         )
-    if not folder.exists():
-        raise ConfigError(f"eagle head folder not found: {folder}")
-    return folder
+    return resolve_artefact(HEADS, path, target_name)
 
 
 def _is_name(path: str | Path) -> bool:

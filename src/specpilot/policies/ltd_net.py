@@ -20,12 +20,15 @@ from torch import nn
 
 from specpilot.config import require
 from specpilot.errors import ConfigError
-from specpilot.files import replace_folder
+from specpilot.files import ArtefactKind, replace_folder, resolve_artefact
 
 CONFIG_FILE = "ltd_config.json"
 FORMAT = 1
 COMMITTED_POLICIES = Path(__file__).resolve().parent.parent / "ltd_policies"
 """Policies trained for the offline targets, one folder per target name."""
+POLICIES = ArtefactKind(
+    "LTD policies", COMMITTED_POLICIES, CONFIG_FILE, "policies", "--ltd-policies", "train-ltd"
+)
 
 DEPTH_REPEATS, SIZE_REPEATS = 14, 29
 """How often L/1000 and D/10 are repeated in each observation (the LTD authors' layout: it
@@ -160,17 +163,4 @@ def hidden_widths(net: nn.Sequential) -> list[int]:
 def resolve_policies(path: str | Path | None, target_name: str | None) -> Path:
     """A policy folder: `path` itself, the `policies/` of a train-ltd output folder, or (no path)
     the policies committed for `target_name`."""
-    if path is None:
-        folder = COMMITTED_POLICIES / str(target_name)
-        if not (folder / CONFIG_FILE).is_file():
-            raise ConfigError(
-                f"no LTD policies are committed for {target_name!r}; train them with `specpilot "
-                f"train-ltd --target {target_name} --out DIR` and pass --ltd-policies DIR"
-            )
-        return folder
-    folder = Path(path).expanduser()
-    if not (folder / CONFIG_FILE).is_file() and (folder / "policies" / CONFIG_FILE).is_file():
-        return folder / "policies"
-    if not folder.exists():
-        raise ConfigError(f"LTD policy folder not found: {folder}")
-    return folder
+    return resolve_artefact(POLICIES, path, str(target_name))
