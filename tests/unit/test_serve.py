@@ -241,14 +241,18 @@ def test_an_engine_failure_is_a_500_and_the_server_goes_on(server, client, monke
     assert answer.usage.completion_tokens >= 1
 
 
-def test_the_serve_command_serves(pair, tmp_path):
-    """`specpilot serve` as a user starts it (a subprocess), then a request and a clean stop."""
+@pytest.mark.parametrize("backend", ["specpilot", "hf-generate"])
+def test_the_serve_command_serves(pair, tmp_path, backend):
+    """`specpilot serve` as a user starts it (a subprocess), then a request and a clean stop
+    (also the transformers baseline, assisted by the draft)."""
     target, draft = pair
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     argv = [sys.executable, "-m", "specpilot.cli", "serve", "--target", target, "--draft", draft]
-    argv += ["--dtype", "float32", "--max-length", "128", "--max-batch", "2", "--k", "3"]
+    argv += ["--dtype", "float32", "--max-length", "128", "--backend", backend]
+    if backend == "specpilot":
+        argv += ["--max-batch", "2", "--k", "3"]
     argv += ["--port", str(port), "--model-name", MODEL, "--max-new-tokens", "4"]
     log = open(tmp_path / "serve.log", "w")  # noqa: SIM115
     process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
