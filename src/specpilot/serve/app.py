@@ -3,10 +3,10 @@
 Routes: POST /v1/completions and /v1/chat/completions (streamed or not), GET /v1/models,
 /health and /metrics (Prometheus). Each call becomes one request of the backend's worker
 (serve.worker: the engine's scheduler, or transformers' generate); its tokens come back through
-an asyncio queue. A client that disconnects cancels its request, which
-frees its cache slot at the next step. Errors are OpenAI error objects: 400 for bad input
-(malformed JSON, wrong types, unsupported fields, prompts the context cannot hold), 404 for an
-unknown model, 503 with Retry-After when the queue is full.
+an asyncio queue. A client that disconnects cancels its request, which frees its cache slot at
+the next step. Errors are OpenAI error objects: 400 for bad input (malformed JSON, wrong types,
+unsupported fields, prompts the context cannot hold), 404 for an unknown model, 503 with
+Retry-After when the queue is full.
 """
 
 from __future__ import annotations

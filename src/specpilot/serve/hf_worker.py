@@ -29,11 +29,11 @@ from specpilot.serve.worker import Worker
 
 
 class HFGenerateWorker(Worker):
-    def __init__(self, target: LoadedModel, draft: LoadedModel | None = None, max_queue=256):
-        """`target` (and `draft`) loaded with backend="hf" (their runners wrap the transformers
-        model; see models.loading.load_model)."""
+    def __init__(self, target: LoadedModel, draft: LoadedModel | None = None):
+        """`target` (and `draft`, the assistant) loaded with backend="hf" (their runners wrap
+        the transformers model; see models.loading.load_model)."""
         runner = target.runner
-        super().__init__(target.tokenizer, runner.vocab_size, 1, max_queue)
+        super().__init__(target.tokenizer, runner.vocab_size, slots=1)
         self.model = _transformers_model(target)
         self.assistant = None if draft is None else _transformers_model(draft)
         self.max_length = runner.max_length

@@ -29,12 +29,13 @@ class Worker(ABC):
     """One backend on one thread. Subclasses decode in `_step` (called on that thread while
     `idle` is false); the callbacks of `submit` run there too."""
 
-    def __init__(self, tokenizer, vocab_size: int, slots: int, max_queue: int = 256):
+    def __init__(self, tokenizer, vocab_size: int, slots: int):
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.slots = slots
         """The most requests decoded at once."""
-        self.max_queue = max_queue
+        self.max_queue = 256
+        """Requests that may wait; more get QueueFull (create_app sets it)."""
         self._wake = threading.Event()
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -115,9 +116,9 @@ class EngineWorker(Worker):
     """specpilot's engine: the scheduler's continuous batching, `slots` = the target's batch
     size."""
 
-    def __init__(self, engine: SpeculativeEngine, max_queue: int = 256):
+    def __init__(self, engine: SpeculativeEngine):
         target = engine.target
-        super().__init__(engine.tokenizer, target.vocab_size, target.batch_size, max_queue)
+        super().__init__(engine.tokenizer, target.vocab_size, target.batch_size)
         self.engine = engine
         self.scheduler = Scheduler(engine)
 
