@@ -99,8 +99,9 @@ def hf_generate_worker(args: argparse.Namespace):
     ]
     require(
         not given,
-        f"{', '.join(given)} belong to --backend specpilot; --backend hf-generate decodes one "
-        "request at a time with transformers' generate (--draft: assisted generation)",
+        "--backend hf-generate decodes one request at a time with transformers' generate "
+        f"(--draft: its assisted generation); drop {', '.join(given)}, which set --backend "
+        "specpilot's method and batch",
     )
     models = load_from_args(args, args.draft, backend="hf")
     return HFGenerateWorker(models.target, models.draft)
