@@ -7,6 +7,7 @@ import socket
 import threading
 import time
 
+import httpx
 import uvicorn
 from tiny import perturbed, save_tiny, tiny_model, tiny_tokenizer
 
@@ -63,3 +64,70 @@ class ServerThread:
         self.server.should_exit = True
         self.thread.join(timeout=30)
         self.socket.close()
+
+
+HOSTILE = [
+    ("not json at all", 400, None),
+    ('{"model": "tiny", "messages": [{"role": "user", "content": "w5"}]', 400, None),
+    ("[1, 2, 3]", 400, None),
+    ({"model": "tiny"}, 400, "messages"),
+    ({"model": "tiny", "messages": []}, 400, "messages"),
+    ({"model": "tiny", "messages": [{"role": "wizard", "content": "w5"}]}, 400, None),
+    ({"model": "tiny", "messages": [{"role": "user", "content": 5}]}, 400, None),
+    (
+        {"model": "tiny", "messages": [{"role": "user", "content": "w5"}], "max_tokens": 0},
+        400,
+        "max_tokens",
+    ),
+    (
+        {"model": "tiny", "messages": [{"role": "user", "content": "w5"}], "max_tokens": "x"},
+        400,
+        "max_tokens",
+    ),
+    ({"model": "tiny", "messages": [{"role": "user", "content": "w5"}], "n": 2}, 400, "n"),
+    (
+        {"model": "tiny", "messages": [{"role": "user", "content": "w5"}], "logprobs": True},
+        400,
+        "logprobs",
+    ),
+    (
+        {"model": "tiny", "messages": [{"role": "user", "content": "w5"}], "temperature": -1},
+        400,
+        "temperature",
+    ),
+    ({"model": "tiny", "messages": [{"role": "user", "content": "w5"}], "top_p": 0}, 400, "top_p"),
+    ({"model": "tiny", "messages": [{"role": "user", "content": "w5"}], "stop": [""]}, 400, "stop"),
+    ({"model": "tiny", "messages": [{"role": "user", "content": "w5"}], "tools": []}, 400, "tools"),
+    ({"model": "tiny", "messages": [{"role": "user", "content": "w5"}], "seed": -3}, 400, "seed"),
+    ({"model": "nope", "messages": [{"role": "user", "content": "w5"}]}, 404, "model"),
+    ({"model": "tiny", "messages": [{"role": "user", "content": "w5 " * 300}]}, 400, "prompt"),
+    ({"model": "tiny", "messages": [{"role": "user", "content": "   "}]}, 400, "prompt"),
+]
+COMPLETION_HOSTILE = [
+    ({"model": "tiny", "prompt": [5, 6, 10**9]}, 400, "prompt"),
+    ({"model": "tiny", "prompt": [5, -1]}, 400, "prompt"),
+    ({"model": "tiny", "prompt": []}, 400, "prompt"),
+    ({"model": "tiny", "prompt": ["w5", "w6"]}, 400, "prompt"),
+    ({"model": "tiny", "prompt": "w5", "echo": True}, 400, "echo"),
+    ({"model": "tiny", "prompt": "w5", "best_of": 3}, 400, "best_of"),
+    ({"model": "tiny", "prompt": list(range(4, 94)) * 2}, 400, "prompt"),
+]
+BAD_INPUT = [
+    *[("chat/completions", *case) for case in HOSTILE],
+    *[("completions", *case) for case in COMPLETION_HOSTILE],
+]
+"""(route, body, status, param): requests a server must refuse, with the error's param."""
+
+
+def check_refused(url: str, route: str, body, status: int, param: str | None) -> None:
+    """POST `body` (a dict, or raw text) and check the OpenAI error that comes back."""
+    url = f"{url}/v1/{route}"
+    if isinstance(body, str):
+        response = httpx.post(url, content=body, headers={"content-type": "application/json"})
+    else:
+        response = httpx.post(url, json=body)
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert error["message"] and error["type"]
+    if param is not None:
+        assert param in (error["param"] or "") or param in error["message"]

@@ -38,10 +38,14 @@ def load_models(
     device: str = "cpu",
     max_length: int | None = 4096,
     batch_size: int = 1,
+    backend: str = "auto",
 ) -> ModelPair:
     """Load target (and draft) and check that they share one tokenizer (`batch_size`: how many
-    prompts `SpeculativeEngine.generate_batch` may decode together)."""
-    options = dict(dtype=dtype, device=device, max_length=max_length, batch_size=batch_size)
+    prompts `SpeculativeEngine.generate_batch` may decode together; `backend`: see
+    models.loading.load_model)."""
+    options = dict(
+        dtype=dtype, device=device, max_length=max_length, batch_size=batch_size, backend=backend
+    )
     target_model = load_model(target, **options)
     draft_model = None
     if draft is not None:

@@ -17,7 +17,7 @@ import time
 import httpx
 import openai
 import pytest
-from serve_fixtures import ServerThread, tiny_engine, tiny_pair
+from serve_fixtures import BAD_INPUT, ServerThread, check_refused, tiny_engine, tiny_pair
 
 from specpilot.cli import main
 from specpilot.config import GenerationConfig, SamplingConfig
@@ -196,72 +196,9 @@ def test_disconnect_mid_stream_frees_the_slot(server, solo):
     assert 'specpilot:request_success_total{finished_reason="cancelled"}' in metrics
 
 
-HOSTILE = [
-    ("not json at all", 400, None),
-    ('{"model": "tiny", "messages": [{"role": "user", "content": "w5"}]', 400, None),
-    ("[1, 2, 3]", 400, None),
-    ({"model": "tiny"}, 400, "messages"),
-    ({"model": "tiny", "messages": []}, 400, "messages"),
-    ({"model": "tiny", "messages": [{"role": "wizard", "content": "w5"}]}, 400, None),
-    ({"model": "tiny", "messages": [{"role": "user", "content": 5}]}, 400, None),
-    (
-        {"model": "tiny", "messages": [{"role": "user", "content": "w5"}], "max_tokens": 0},
-        400,
-        "max_tokens",
-    ),
-    (
-        {"model": "tiny", "messages": [{"role": "user", "content": "w5"}], "max_tokens": "x"},
-        400,
-        "max_tokens",
-    ),
-    ({"model": "tiny", "messages": [{"role": "user", "content": "w5"}], "n": 2}, 400, "n"),
-    (
-        {"model": "tiny", "messages": [{"role": "user", "content": "w5"}], "logprobs": True},
-        400,
-        "logprobs",
-    ),
-    (
-        {"model": "tiny", "messages": [{"role": "user", "content": "w5"}], "temperature": -1},
-        400,
-        "temperature",
-    ),
-    ({"model": "tiny", "messages": [{"role": "user", "content": "w5"}], "top_p": 0}, 400, "top_p"),
-    ({"model": "tiny", "messages": [{"role": "user", "content": "w5"}], "stop": [""]}, 400, "stop"),
-    ({"model": "tiny", "messages": [{"role": "user", "content": "w5"}], "tools": []}, 400, "tools"),
-    ({"model": "tiny", "messages": [{"role": "user", "content": "w5"}], "seed": -3}, 400, "seed"),
-    ({"model": "nope", "messages": [{"role": "user", "content": "w5"}]}, 404, "model"),
-    ({"model": "tiny", "messages": [{"role": "user", "content": "w5 " * 300}]}, 400, "prompt"),
-    ({"model": "tiny", "messages": [{"role": "user", "content": "   "}]}, 400, "prompt"),
-]
-COMPLETION_HOSTILE = [
-    ({"model": "tiny", "prompt": [5, 6, 10**9]}, 400, "prompt"),
-    ({"model": "tiny", "prompt": [5, -1]}, 400, "prompt"),
-    ({"model": "tiny", "prompt": []}, 400, "prompt"),
-    ({"model": "tiny", "prompt": ["w5", "w6"]}, 400, "prompt"),
-    ({"model": "tiny", "prompt": "w5", "echo": True}, 400, "echo"),
-    ({"model": "tiny", "prompt": "w5", "best_of": 3}, 400, "best_of"),
-    ({"model": "tiny", "prompt": list(range(4, 94)) * 2}, 400, "prompt"),
-]
-
-
-@pytest.mark.parametrize(
-    "route,body,status,param",
-    [
-        *[("chat/completions", *case) for case in HOSTILE],
-        *[("completions", *case) for case in COMPLETION_HOSTILE],
-    ],
-)
+@pytest.mark.parametrize("route,body,status,param", BAD_INPUT)
 def test_bad_input_gets_a_clear_4xx(server, route, body, status, param):
-    url = f"{server.url}/v1/{route}"
-    if isinstance(body, str):
-        response = httpx.post(url, content=body, headers={"content-type": "application/json"})
-    else:
-        response = httpx.post(url, json=body)
-    assert response.status_code == status, response.text
-    error = response.json()["error"]
-    assert error["message"] and error["type"]
-    if param is not None:
-        assert param in (error["param"] or "") or param in error["message"]
+    check_refused(server.url, route, body, status, param)
 
 
 def test_server_survives_abuse(server, client):
@@ -304,14 +241,18 @@ def test_an_engine_failure_is_a_500_and_the_server_goes_on(server, client, monke
     assert answer.usage.completion_tokens >= 1
 
 
-def test_the_serve_command_serves(pair, tmp_path):
-    """`specpilot serve` as a user starts it (a subprocess), then a request and a clean stop."""
+@pytest.mark.parametrize("backend", ["specpilot", "hf-generate"])
+def test_the_serve_command_serves(pair, tmp_path, backend):
+    """`specpilot serve` as a user starts it (a subprocess), then a request and a clean stop
+    (also the transformers baseline, assisted by the draft)."""
     target, draft = pair
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     argv = [sys.executable, "-m", "specpilot.cli", "serve", "--target", target, "--draft", draft]
-    argv += ["--dtype", "float32", "--max-length", "128", "--max-batch", "2", "--k", "3"]
+    argv += ["--dtype", "float32", "--max-length", "128", "--backend", backend]
+    if backend == "specpilot":
+        argv += ["--max-batch", "2", "--k", "3"]
     argv += ["--port", str(port), "--model-name", MODEL, "--max-new-tokens", "4"]
     log = open(tmp_path / "serve.log", "w")  # noqa: SIM115
     process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)

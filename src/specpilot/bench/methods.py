@@ -26,6 +26,7 @@ from specpilot.config import GenerationConfig
 from specpilot.engine import GenerationStats
 from specpilot.errors import ConfigError
 from specpilot.models.chat import encode_prompt, eos_token_ids
+from specpilot.models.hf_adapter import generate_options
 from specpilot.prompts import answer_conversations
 from specpilot.registry import DRAFTER_OPTIONS
 
@@ -143,20 +144,7 @@ class HFMethod:
         if "assistant_model" in self.extra:
             for key, value in self.assistant_settings.items():
                 setattr(self.extra["assistant_model"].generation_config, key, value)
-        sampling = config.sampling
-        kwargs = dict(
-            max_new_tokens=config.max_new_tokens,
-            eos_token_id=self.eos,
-            pad_token_id=self.eos[0],
-            do_sample=not sampling.greedy,
-            **self.extra,
-        )
-        if not sampling.greedy:
-            kwargs.update(
-                temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k or None
-            )
-        else:
-            kwargs.update(temperature=None, top_p=None, top_k=None)
+        kwargs = {**generate_options(config, self.eos), **self.extra}
         messages, runs = [], []
         for turn in turns:
             messages.append({"role": "user", "content": turn})

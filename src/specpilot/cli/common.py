@@ -217,13 +217,15 @@ def batch_size(size: int) -> int:
     return size
 
 
-def load_from_args(args: argparse.Namespace, draft: str | None, batch: int = 1) -> ModelPair:
+def load_from_args(
+    args: argparse.Namespace, draft: str | None, batch: int = 1, backend: str = "auto"
+) -> ModelPair:
     """Load the target (and draft) named on the command line, with cache room for `batch`
-    prompts; the dtype is checked first, so a bad value fails before any download or
-    conversion."""
+    prompts (`backend`: see models.loading.load_model); the dtype is checked first, so a bad
+    value fails before any download or conversion."""
     resolve_dtype(args.dtype, args.device)
     print(f"loading {args.target}" + (f" + {draft}" if draft else "") + " ...", file=sys.stderr)
-    return load_models(args.target, draft, args.dtype, args.device, args.max_length, batch)
+    return load_models(args.target, draft, args.dtype, args.device, args.max_length, batch, backend)
 
 
 def int_list(text: str) -> tuple[int, ...]:

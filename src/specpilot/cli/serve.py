@@ -1,7 +1,9 @@
 """`specpilot serve`: an OpenAI-compatible HTTP server with continuous batching (specpilot.serve).
 
 The decoding flags are generate's; --temperature, --top-p, --top-k and --max-new-tokens are the
-defaults for requests that leave those fields out.
+defaults for requests that leave those fields out. `--backend hf-generate` serves the same API
+through transformers' own `generate`, one request at a time (with --draft: assisted generation):
+the baseline a user would otherwise script, for `bench-serve` to compare against.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from specpilot.api import DEFAULT_DRAFT
 from specpilot.cli.common import (
     add_method_arguments,
     add_model_arguments,
@@ -20,6 +23,7 @@ from specpilot.cli.common import (
 from specpilot.config import require
 
 MAX_NEW_TOKENS_HELP = "max_tokens of requests that give none (default %(default)s)"
+BACKENDS = ("specpilot", "hf-generate")
 
 
 def register(commands) -> None:
@@ -27,15 +31,18 @@ def register(commands) -> None:
         "serve", help="serve an OpenAI-compatible API (continuous batching, SSE streaming)"
     )
     add_model_arguments(parser, 512, MAX_NEW_TOKENS_HELP)
-    add_method_arguments(parser)
+    parser.set_defaults(draft=None)  # hf-generate drafts only when --draft is given
+    parser.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default="specpilot",
+        help="specpilot: the engine with continuous batching (default); hf-generate: "
+        "transformers' generate, one request at a time, the baseline a user would script "
+        "(with --draft: its assisted generation; takes none of the method flags)",
+    )
+    add_specpilot_arguments(parser)
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
     parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument(
-        "--max-batch",
-        type=int,
-        default=8,
-        help="requests decoded together: the KV cache holds one slot each (default %(default)s)",
-    )
     parser.add_argument(
         "--max-queue",
         type=int,
@@ -46,19 +53,55 @@ def register(commands) -> None:
     parser.set_defaults(run=run)
 
 
+def add_specpilot_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of the specpilot backend: the method and the batch."""
+    add_method_arguments(parser)
+    parser.add_argument(
+        "--max-batch",
+        type=int,
+        default=8,
+        help="requests decoded together: the KV cache holds one slot each (default %(default)s)",
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from specpilot.serve import create_app
 
     defaults = generation_config(args)
-    size = batch_size(args.max_batch)
     require(args.max_queue >= 0, f"--max-queue must be >= 0, got {args.max_queue}")
     require(0 <= args.port <= 65535, f"--port must be in 0..65535, got {args.port}")
-    draft, build = engine_builder(args)
-    engine = build(load_from_args(args, draft, size))
+    if args.backend == "hf-generate":
+        backend = hf_generate_worker(args)
+    else:
+        args.draft = args.draft or DEFAULT_DRAFT
+        size = batch_size(args.max_batch)
+        draft, build = engine_builder(args)
+        backend = build(load_from_args(args, draft, size))
     name = args.model_name or args.target
-    app = create_app(engine, name, defaults, args.max_queue)
+    app = create_app(backend, name, defaults, args.max_queue)
     print(f"serving {name!r} on http://{args.host}:{args.port}/v1", file=sys.stderr)
     uvicorn.run(app, host=args.host, port=args.port, log_level="info")
     return 0
+
+
+def hf_generate_worker(args: argparse.Namespace):
+    """The baseline backend; flags it cannot honour are an error, not silently ignored."""
+    from specpilot.serve.hf_worker import HFGenerateWorker
+
+    probe = argparse.ArgumentParser()
+    add_specpilot_arguments(probe)
+    given = [
+        "--" + name.replace("_", "-")
+        for name, default in vars(probe.parse_args([])).items()
+        if getattr(args, name) != default
+    ]
+    require(
+        not given,
+        "--backend hf-generate decodes one request at a time with transformers' generate "
+        f"(--draft: its assisted generation); drop {', '.join(given)}, which set --backend "
+        "specpilot's method and batch",
+    )
+    models = load_from_args(args, args.draft, backend="hf")
+    return HFGenerateWorker(models.target, models.draft)

@@ -17,7 +17,19 @@ import torch
 from specpilot.config import GenerationConfig
 from specpilot.engine.stats import GenerationStats
 from specpilot.engine.stopping import StopChecker
+from specpilot.errors import PromptError
 from specpilot.policies.base import DraftPolicy
+
+
+def check_prompt(prompt_ids: list[int], max_length: int) -> None:
+    """PromptError unless the prompt is non-empty and leaves room in a context of max_length."""
+    if not prompt_ids:
+        raise PromptError("the prompt is empty: give at least one token of input")
+    if len(prompt_ids) >= max_length:
+        raise PromptError(
+            f"the prompt has {len(prompt_ids)} tokens but the context holds {max_length}: "
+            "shorten the prompt or load the model with a larger max_length"
+        )
 
 
 @dataclass
@@ -39,15 +51,16 @@ class Request:
         prompt_ids: list[int],
         config: GenerationConfig,
         stopper: StopChecker,
-        policy: DraftPolicy,
+        policy: DraftPolicy | None,
         on_tokens: Callable[[list[int]], None] | None = None,
         on_finish: Callable[[Request], None] | None = None,
     ) -> None:
         self.prompt_ids = prompt_ids
         self.config = config
         self.stopper = stopper
-        self.policy = copy.deepcopy(policy)
-        self.policy.reset()
+        self.policy = copy.deepcopy(policy)  # None: decoded without drafting (serve's baseline)
+        if self.policy is not None:
+            self.policy.reset()
         self.generator = torch.Generator().manual_seed(config.seed)
         self.on_tokens = on_tokens
         self.on_finish = on_finish

@@ -28,10 +28,10 @@ import torch
 
 from specpilot.config import GenerationConfig, SamplingConfig
 from specpilot.drafting.base import Drafter
-from specpilot.engine.request import GenerationResult, Request
+from specpilot.engine.request import GenerationResult, Request, check_prompt
 from specpilot.engine.scheduler import Scheduler
 from specpilot.engine.stopping import StopChecker
-from specpilot.errors import ConfigError, PromptError
+from specpilot.errors import ConfigError
 from specpilot.models.chat import Messages, encode_prompt
 from specpilot.models.runner import CausalRunner
 from specpilot.models.synced_cache import sync
@@ -297,27 +297,12 @@ class SpeculativeEngine:
         return 0.0 if take is None else take()
 
     def _stopper(self, config: GenerationConfig) -> StopChecker:
-        return StopChecker(
-            self.eos_ids if config.stop_on_eos else frozenset(),
-            config.stop_strings,
-            config.max_new_tokens,
-            self.tokenizer.decode,
-        )
+        return StopChecker.for_request(config, self.eos_ids, self.tokenizer)
 
     def _encode(self, prompt: str | Messages | list[int]) -> list[int]:
         if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt) and prompt:
             prompt_ids = list(prompt)
         else:
             prompt_ids = encode_prompt(self.tokenizer, prompt)
-        self._check_prompt(prompt_ids)
+        check_prompt(prompt_ids, self.target.max_length)
         return prompt_ids
-
-    def _check_prompt(self, prompt_ids: list[int]) -> None:
-        if not prompt_ids:
-            raise PromptError("the prompt is empty: give at least one token of input")
-        if len(prompt_ids) >= self.target.max_length:
-            raise PromptError(
-                f"the prompt has {len(prompt_ids)} tokens but the context holds "
-                f"{self.target.max_length}: "
-                "shorten the prompt or load the model with a larger max_length"
-            )

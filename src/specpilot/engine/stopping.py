@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from specpilot.config import GenerationConfig
+
 
 @dataclass
 class StopChecker:
@@ -18,6 +20,12 @@ class StopChecker:
     max_new_tokens: int
     decode: object = None
     """tokenizer-like decode(ids) -> str, needed only for stop strings."""
+
+    @classmethod
+    def for_request(cls, config: GenerationConfig, eos_ids: frozenset[int], tokenizer):
+        """The stop rule of one request with this config."""
+        eos = eos_ids if config.stop_on_eos else frozenset()
+        return cls(eos, config.stop_strings, config.max_new_tokens, tokenizer.decode)
 
     def cut(self, generated: list[int], checked: int) -> tuple[int, str | None]:
         """Scan generated[checked:] (tokens added this step); return (tokens to keep, reason)."""

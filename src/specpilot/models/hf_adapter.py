@@ -19,6 +19,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from specpilot.config import GenerationConfig
 from specpilot.errors import ConfigError, PromptError
 from specpilot.models.runner import LogitRows
 from specpilot.models.synced_cache import CachedTokens
@@ -110,3 +111,23 @@ class HFRunner:
                 "batches and reduced draft vocabularies need the lean decoder (Llama/Qwen2 family)"
             )
         return [self.forward(rows[0], logits) if rows[0] else None]
+
+
+def generate_options(config: GenerationConfig, eos_ids) -> dict:
+    """transformers `generate`'s arguments for `config`'s length and sampling (stop strings
+    excepted), so its answers follow the same rules as the engine's: top_k 0 and top_p 1 keep
+    every token (None would let generate fill in its own defaults, e.g. top_k 50)."""
+    eos = sorted(eos_ids)
+    options = dict(
+        max_new_tokens=config.max_new_tokens, eos_token_id=eos, pad_token_id=eos[0] if eos else None
+    )
+    sampling = config.sampling
+    if sampling.greedy:
+        return {**options, "do_sample": False, "temperature": None, "top_p": None, "top_k": None}
+    return {
+        **options,
+        "do_sample": True,
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+        "top_k": sampling.top_k,
+    }

@@ -1,11 +1,12 @@
-"""The OpenAI-compatible HTTP API over one engine (FastAPI; streams as server-sent events).
+"""The OpenAI-compatible HTTP API over one backend (FastAPI; streams as server-sent events).
 
 Routes: POST /v1/completions and /v1/chat/completions (streamed or not), GET /v1/models,
-/health and /metrics (Prometheus). Each call becomes one scheduler request (serve.worker); its
-tokens come back through an asyncio queue. A client that disconnects cancels its request, which
-frees its cache slot at the next step. Errors are OpenAI error objects: 400 for bad input
-(malformed JSON, wrong types, unsupported fields, prompts the context cannot hold), 404 for an
-unknown model, 503 with Retry-After when the queue is full.
+/health and /metrics (Prometheus). Each call becomes one request of the backend's worker
+(serve.worker: the engine's scheduler, or transformers' generate); its tokens come back through
+an asyncio queue. A client that disconnects cancels its request, which frees its cache slot at
+the next step. Errors are OpenAI error objects: 400 for bad input (malformed JSON, wrong types,
+unsupported fields, prompts the context cannot hold), 404 for an unknown model, 503 with
+Retry-After when the queue is full.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from specpilot.serve.protocol import (
     error_body,
 )
 from specpilot.serve.text import TextStream
-from specpilot.serve.worker import EngineWorker, QueueFull
+from specpilot.serve.worker import EngineWorker, QueueFull, Worker
 
 MAX_BODY_BYTES = 8 * 2**20
 """Larger request bodies are refused before they are read (413)."""
@@ -58,19 +59,21 @@ class APIError(Exception):
 
 
 def create_app(
-    engine: SpeculativeEngine,
+    backend: SpeculativeEngine | Worker,
     model_name: str,
     defaults: GenerationConfig | None = None,
     max_queue: int = 256,
     retry_after_s: int = 1,
 ) -> FastAPI:
-    """The server for `engine` (its target's batch_size is the most requests decoded at once;
-    `max_queue` more may wait for a slot). `defaults` fills omitted sampling fields and
-    max_tokens."""
+    """The server for `backend`: an engine (continuous batching; its target's batch_size is
+    the most requests decoded at once) or a ready Worker (e.g. serve.hf_worker's baseline).
+    `max_queue` more requests may wait for a slot; `defaults` fills omitted sampling fields
+    and max_tokens."""
     defaults = defaults or GenerationConfig()
-    worker = EngineWorker(engine, max_queue)
+    worker = backend if isinstance(backend, Worker) else EngineWorker(backend)
+    worker.max_queue = max_queue
     metrics = Metrics(lambda: worker.running, lambda: worker.waiting)
-    tokenizer = engine.tokenizer
+    tokenizer = worker.tokenizer
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
@@ -134,7 +137,7 @@ def create_app(
         if isinstance(body.prompt, str):
             prompt_ids = _encode(lambda: encode_prompt(tokenizer, body.prompt, chat=False))
         else:
-            prompt_ids = _check_ids(body.prompt, engine.target.vocab_size)
+            prompt_ids = _check_ids(body.prompt, worker.vocab_size)
         return await answer(body, prompt_ids, http_request, _completion_shape)
 
     @app.post("/v1/chat/completions")

@@ -1,12 +1,18 @@
-"""The engine's thread: one background thread drives the scheduler (the engine is not
-thread-safe and its steps block for the length of a forward), while the server's asyncio
-handlers submit and cancel requests from the event loop and receive tokens through callbacks
-(which they hand back to the loop with `call_soon_threadsafe`)."""
+"""The backend's thread: one background thread decodes (a model is not thread-safe and its
+forwards block), while the server's asyncio handlers submit and cancel requests from the event
+loop and receive tokens through callbacks (which they hand back to the loop with
+`call_soon_threadsafe`).
+
+`Worker` is what the app sees: submit, the queue's size, start and stop. Two backends fill it
+in: `EngineWorker` (specpilot's engine with continuous batching) and, as the baseline a user
+would otherwise script, `serve.hf_worker.HFGenerateWorker` (transformers' `generate`, one
+request at a time)."""
 
 from __future__ import annotations
 
 import logging
 import threading
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 
 from specpilot.config import GenerationConfig
@@ -19,26 +25,48 @@ class QueueFull(Exception):
     """More requests are waiting than the server queues (`--max-queue`): try again later."""
 
 
-class EngineWorker:
-    def __init__(self, engine: SpeculativeEngine, max_queue: int):
-        self.engine = engine
-        self.scheduler = Scheduler(engine)
-        self.max_queue = max_queue
+class Worker(ABC):
+    """One backend on one thread. Subclasses decode in `_step` (called on that thread while
+    `idle` is false); the callbacks of `submit` run there too."""
+
+    def __init__(self, tokenizer, vocab_size: int, slots: int):
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.slots = slots
+        """The most requests decoded at once."""
+        self.max_queue = 256
+        """Requests that may wait; more get QueueFull (create_app sets it)."""
         self._wake = threading.Event()
         self._stopping = False
         self._thread: threading.Thread | None = None
 
     @property
-    def slots(self) -> int:
-        return self.engine.target.batch_size
+    @abstractmethod
+    def running(self) -> int: ...
 
     @property
-    def running(self) -> int:
-        return len(self.scheduler.active)
+    @abstractmethod
+    def waiting(self) -> int: ...
 
     @property
-    def waiting(self) -> int:
-        return len(self.scheduler.waiting)
+    @abstractmethod
+    def idle(self) -> bool: ...
+
+    @abstractmethod
+    def _enqueue(self, prompt_ids, config, on_tokens, on_finish) -> Request:
+        """Queue a request (PromptError for a prompt the context cannot hold)."""
+
+    @abstractmethod
+    def _step(self) -> None:
+        """Decode some work of the queue (on the worker thread)."""
+
+    @abstractmethod
+    def _cancel_all(self) -> None:
+        """Cancel every queued and running request (they end in coming steps)."""
+
+    @abstractmethod
+    def _fail(self) -> None:
+        """End the requests a failed `_step` was decoding with finish_reason "error"."""
 
     def start(self) -> None:
         self._stopping = False
@@ -60,26 +88,61 @@ class EngineWorker:
         on_finish: Callable[[Request], None],
     ) -> Request:
         """Queue a request (QueueFull when `max_queue` are waiting; PromptError for a prompt
-        the context cannot hold). The callbacks run on the engine thread."""
+        the context cannot hold). The callbacks run on the worker thread."""
         if self.waiting >= self.max_queue:
             raise QueueFull(f"{self.waiting} requests are waiting (--max-queue {self.max_queue})")
-        request = self.scheduler.submit(prompt_ids, config, on_tokens, on_finish)
+        request = self._enqueue(prompt_ids, config, on_tokens, on_finish)
         self._wake.set()
         return request
 
     def _run(self) -> None:
         while True:
             if self._stopping:
-                self.scheduler.cancel_all()
-            if self.scheduler.idle:
+                self._cancel_all()
+            if self.idle:
                 if self._stopping:
                     return
                 self._wake.wait()
                 self._wake.clear()
                 continue
             try:
-                self.scheduler.step()
+                self._step()
             except Exception:  # a bug must not take the server down or leak slots
-                log.exception("the engine failed; ending the requests it was decoding")
-                self.scheduler.abort()
-                self.engine.clear_cache()
+                log.exception("the backend failed; ending the requests it was decoding")
+                self._fail()
+
+
+class EngineWorker(Worker):
+    """specpilot's engine: the scheduler's continuous batching, `slots` = the target's batch
+    size."""
+
+    def __init__(self, engine: SpeculativeEngine):
+        target = engine.target
+        super().__init__(engine.tokenizer, target.vocab_size, target.batch_size)
+        self.engine = engine
+        self.scheduler = Scheduler(engine)
+
+    @property
+    def running(self) -> int:
+        return len(self.scheduler.active)
+
+    @property
+    def waiting(self) -> int:
+        return len(self.scheduler.waiting)
+
+    @property
+    def idle(self) -> bool:
+        return self.scheduler.idle
+
+    def _enqueue(self, prompt_ids, config, on_tokens, on_finish) -> Request:
+        return self.scheduler.submit(prompt_ids, config, on_tokens, on_finish)
+
+    def _step(self) -> None:
+        self.scheduler.step()
+
+    def _cancel_all(self) -> None:
+        self.scheduler.cancel_all()
+
+    def _fail(self) -> None:
+        self.scheduler.abort()
+        self.engine.clear_cache()  # the slots' caches may be inconsistent
