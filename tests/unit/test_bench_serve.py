@@ -21,7 +21,7 @@ def test_bench_serve_reports_every_level(tmp_path, capsys):
         argv += ["--max-tokens", "8", "--json-out", str(report), "--plot", str(plot)]
         assert main(argv) == 0
     document = json.loads(report.read_text())
-    assert document["model"] == "tiny"
+    assert document["model"] == "tiny" and document["machine"]["cpu"]
     levels = document["levels"]
     assert [level["concurrency"] for level in levels] == [1, 4]
     for level in levels:

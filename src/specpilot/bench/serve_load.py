@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 import httpx
 import numpy as np
 
-from specpilot.bench.report import fixed_width_table
+from specpilot.bench.report import fixed_width_table, machine_info
 from specpilot.config import require
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -186,7 +186,8 @@ def summarize(concurrency: int, timings: list[Timing], duration_s: float, timed_
 
 
 async def run_load(settings: LoadSettings, prompts: list[str] | None = None, progress=None):
-    """Every concurrency level in turn; the report ({"config", "model", "levels"}).
+    """Every concurrency level in turn; the report ({"config", "machine", "model", "levels"};
+    the machine is the client's, which is the server's: the URL is loopback only).
     `progress(level_summary)` is called after each level."""
     prompts = list(prompts or DEFAULT_PROMPTS)
     limits = httpx.Limits(max_connections=max(settings.concurrency))
@@ -201,7 +202,7 @@ async def run_load(settings: LoadSettings, prompts: list[str] | None = None, pro
             levels.append(await run_level(client, settings, model, prompts, concurrency))
             if progress is not None:
                 progress(levels[-1])
-    return {"config": asdict(settings), "model": model, "levels": levels}
+    return {"config": asdict(settings), "machine": machine_info(), "model": model, "levels": levels}
 
 
 COLUMNS = [  # (header, key, width, format)
