@@ -9,7 +9,9 @@ the baseline a user would otherwise script, for `bench-serve` to compare against
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
 
 from specpilot.api import DEFAULT_DRAFT
 from specpilot.cli.common import (
@@ -82,8 +84,36 @@ def run(args: argparse.Namespace) -> int:
     name = args.model_name or args.target
     app = create_app(backend, name, defaults, args.max_queue)
     print(f"serving {name!r} on http://{args.host}:{args.port}/v1", file=sys.stderr)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="info")
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="info"))
+    worker = app.state.worker
+
+    def serve_http() -> None:
+        try:
+            server.run()
+        finally:  # also when it cannot start (port taken): the main thread must not wait on
+            worker.stop()
+
+    http = threading.Thread(target=serve_http, name="specpilot-http")
+    worker.own_thread = False  # decode on the main thread (serve.worker.Worker says why)
+    signal.signal(signal.SIGTERM, _interrupt)
+    http.start()
+    try:
+        worker.drive()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.should_exit = True
+        worker.stop()
+        http.join()
+    if not server.started:
+        where = f"{args.host}:{args.port}"
+        print(f"error: could not serve on {where} (see the log above)", file=sys.stderr)
+        return 2
     return 0
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
 
 
 def hf_generate_worker(args: argparse.Namespace):
