@@ -100,6 +100,9 @@ def test_training_lowers_the_loss_and_resumes(tmp_path):
     again = train_eagle(target, samples, tmp_path, resumed, shape, progress=False)
     for a, b in zip(head.parameters(), again.parameters(), strict=True):
         torch.testing.assert_close(a, b)
+    narrower = dataclasses.replace(shape, intermediate_size=shape.intermediate_size // 2)
+    with pytest.raises(ConfigError, match="another shape.*intermediate_size"):
+        train_eagle(target, samples, tmp_path, config, narrower, progress=False)
     with pytest.raises(ConfigError, match="other settings"):
         train_eagle(
             target, samples, tmp_path, dataclasses.replace(config, lr=1e-3), shape, progress=False

@@ -303,12 +303,17 @@ def _start_or_resume(
 
 def load_checkpoint(out: Path, shape: EagleShape, config: dict) -> tuple[EagleHead, dict] | None:
     """(head, state) of the run checkpointed in `out`, None if there is none; a checkpoint
-    written with other settings (`config`, a dict) is refused rather than silently mixed (how
-    often a run evaluates and saves may change)."""
+    of another head shape or written with other settings (`config`, a dict) is refused rather
+    than silently mixed (how often a run evaluates and saves may change)."""
     checkpoint = out / CHECKPOINT_DIR
     if not (checkpoint / "state.pt").is_file():
         return None
     head = EagleHead.load(checkpoint / HEAD_DIR, expected=shape)
+    if head.shape != shape:  # the head's own choices: draft vocabulary, taps, MLP width
+        raise ConfigError(
+            f"{out} holds a head of another shape ({_diff(asdict(head.shape), asdict(shape))}); "
+            "resume with the same options or use a new --out"
+        )
     state = torch.load(checkpoint / "state.pt", weights_only=False)
     saved, current = _training_settings(state.get("config")), _training_settings(config)
     if saved is not None and saved != current:
