@@ -8,6 +8,7 @@ import threading
 import time
 
 import httpx
+import openai
 import uvicorn
 from tiny import perturbed, save_tiny, tiny_model, tiny_tokenizer
 
@@ -131,3 +132,13 @@ def check_refused(url: str, route: str, body, status: int, param: str | None) ->
     assert error["message"] and error["type"]
     if param is not None:
         assert param in (error["param"] or "") or param in error["message"]
+
+
+def messages(text: str) -> list[dict]:
+    """One user turn."""
+    return [{"role": "user", "content": text}]
+
+
+def openai_client(url: str) -> openai.OpenAI:
+    """The official client for the server at `url` (no retries: a test sees each answer)."""
+    return openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)

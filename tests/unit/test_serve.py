@@ -17,7 +17,15 @@ import time
 import httpx
 import openai
 import pytest
-from serve_fixtures import BAD_INPUT, ServerThread, check_refused, tiny_engine, tiny_pair
+from serve_fixtures import (
+    BAD_INPUT,
+    ServerThread,
+    check_refused,
+    messages,
+    openai_client,
+    tiny_engine,
+    tiny_pair,
+)
 
 from specpilot.cli import main
 from specpilot.config import GenerationConfig, SamplingConfig
@@ -51,11 +59,7 @@ def server(pair):
 
 @pytest.fixture
 def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
-
-
-def messages(text: str) -> list[dict]:
-    return [{"role": "user", "content": text}]
+    return openai_client(server.url)
 
 
 def wait_idle(server, timeout: float = 10.0) -> dict:
@@ -269,7 +273,7 @@ def test_the_serve_command_serves(pair, tmp_path, backend):
                 tmp_path / "serve.log"
             ).read_text()
             time.sleep(0.2)
-        client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
+        client = openai_client(url)
         answer = client.completions.create(model=MODEL, prompt="w5 w6", temperature=0)
         assert answer.usage.completion_tokens <= 4
     finally:

@@ -11,7 +11,15 @@ import threading
 import httpx
 import openai
 import pytest
-from serve_fixtures import BAD_INPUT, ServerThread, check_refused, tiny_engine, tiny_pair
+from serve_fixtures import (
+    BAD_INPUT,
+    ServerThread,
+    check_refused,
+    messages,
+    openai_client,
+    tiny_engine,
+    tiny_pair,
+)
 
 from specpilot.api import load_models
 from specpilot.cli import main
@@ -53,11 +61,7 @@ def server(pair):
 
 @pytest.fixture
 def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
-
-
-def messages(text: str) -> list[dict]:
-    return [{"role": "user", "content": text}]
+    return openai_client(server.url)
 
 
 def chat_text(client, prompt: str, stream: bool = False, **fields) -> str:
@@ -185,7 +189,7 @@ def test_bad_input_gets_the_same_4xx(server, route, body, status, param):
 
 def test_assisted_generation_gives_the_engines_greedy_answers(pair, solo):
     with hf_server(*pair) as running:
-        client = openai.OpenAI(base_url=running.url + "/v1", api_key="none", max_retries=0)
+        client = openai_client(running.url)
         for i, prompt in enumerate(PROMPTS[:4]):
             expected = solo.generate(messages(prompt), GenerationConfig(MAX_NEW)).text
             assert chat_text(client, prompt, stream=bool(i % 2)) == expected
