@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 from specpilot.engine import SpeculativeEngine
@@ -188,12 +187,7 @@ def _verify_prior(models: ModelPair, path: str | None) -> tuple[tuple[float, flo
     cached = profile_cache_path(models.target.name, runner.dtype)
     if path is None and not cached.is_file():
         return ()
-    source = path or cached
-    try:
-        profile = json.loads(open(source).read())
-    except (OSError, ValueError) as error:
-        raise ConfigError(f"cannot read latency profile {str(source)!r} ({error})") from None
-    return VerifyLatency.from_profile(profile).points
+    return VerifyLatency.from_profile(path or cached).points
 
 
 def load_companion(spec: str, models: ModelPair) -> CausalRunner:

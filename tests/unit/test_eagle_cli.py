@@ -91,3 +91,25 @@ def test_bad_heads_give_one_line_errors(trained, target, tmp_path, capsys):
     code, _, err = run_cli(capsys, *base[:3], "--drafter", "model", *base[5:], "--eagle-head", out)
     assert code == 2
     assert_one_line_error(err, "belong to --drafter eagle")
+
+
+def test_init_continues_a_trained_head_on_more_data(trained, target, data_dir, tmp_path, capsys):
+    """--init: a new run starts from a trained head (its draft vocabulary kept) and reuses the
+    answers copied into its data folder; shape options are refused beside it."""
+    from safetensors.torch import load_file
+
+    out, argv = trained
+    more = tmp_path / "more"
+    (more / "data").mkdir(parents=True)
+    (more / "data" / "responses.jsonl").write_text((out / "data" / "responses.jsonl").read_text())
+    grown = [*argv[:4], str(more), *argv[5:]]
+    grown[grown.index("--regenerate") + 1] = "8"
+    assert main([*grown, "--init", str(out), *DTYPE]) == 0
+    assert len((more / "data" / "responses.jsonl").read_text().splitlines()) == 8
+    before = load_file(out / "head" / "model.safetensors")
+    after = load_file(more / "head" / "model.safetensors")
+    assert before["draft_ids"].equal(after["draft_ids"])
+    assert not before["fc"].equal(after["fc"])  # trained further
+    code, _, err = run_cli(capsys, *grown, "--init", out, "--draft-vocab", "64", *DTYPE)
+    assert code == 2
+    assert_one_line_error(err, "--init keeps the head's own shape")

@@ -16,6 +16,7 @@ from specpilot.policies.goodput import (
     expected_accepted,
     goodput,
 )
+from specpilot.policies.latency import read_verify_curves
 from specpilot.policies.sv_table import AcceptanceTable, information_gain
 
 
@@ -326,6 +327,19 @@ def test_verify_latency_from_profile_picks_nearest_context():
     assert near_long.context == 1024 and near_long(2) == pytest.approx(0.025)
     assert near_long(5) == pytest.approx(0.040)
     assert VerifyLatency.from_profile(profile, context=576).context == 128  # tie: the shorter
+
+
+def test_verify_curves_read_from_a_profile_file(tmp_path):
+    """One reader for every user of a profile's verify_ms (SV, goodput prior, LTD's cost model)."""
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps({"verify_ms": {"512": [20, 25], "128": [10, 12]}}))
+    assert read_verify_curves(path) == {128: [10.0, 12.0], 512: [20.0, 25.0]}
+    assert VerifyLatency.from_profile(str(path))(2) == pytest.approx(0.012)
+    with pytest.raises(ConfigError, match="cannot read latency profile"):
+        read_verify_curves(tmp_path / "missing.json")
+    path.write_text("{not json")
+    with pytest.raises(ConfigError, match="cannot read latency profile"):
+        read_verify_curves(path)
 
 
 def test_verify_latency_errors():

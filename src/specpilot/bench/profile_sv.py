@@ -11,7 +11,6 @@ curve T(n) next to the table, so one JSON file is all `--policy sv` needs.
 
 from __future__ import annotations
 
-import json
 import time
 
 import torch
@@ -21,7 +20,7 @@ from specpilot.api import ModelPair, build_engine, load_companion
 from specpilot.bench.profile import PROFILE_PROMPTS, latency_curve
 from specpilot.bench.report import machine_info
 from specpilot.config import GenerationConfig, SamplingConfig
-from specpilot.errors import ConfigError
+from specpilot.policies.latency import read_verify_curves
 from specpilot.policies.sv import Companion, acceptance_ratio, indicator_probs, indicators
 from specpilot.policies.sv_table import AcceptanceTable, information_gain
 from specpilot.types import Proposal, StepRecord
@@ -139,15 +138,8 @@ def profile_sv(
 
 
 def read_verify_ms(latency_profile: str) -> dict:
-    """The verify latency curves T(n) of a `specpilot profile` JSON."""
-    try:
-        with open(latency_profile) as source:
-            verify_ms = json.load(source).get("verify_ms")
-    except (OSError, ValueError) as error:
-        raise ConfigError(f"cannot read latency profile {latency_profile!r}: {error}") from None
-    if not verify_ms:
-        raise ConfigError(f"{latency_profile!r} has no verify_ms: make it with `specpilot profile`")
-    return verify_ms
+    """The verify latency curves T(n) of a `specpilot profile` JSON, keyed as in it."""
+    return {str(c): ms for c, ms in read_verify_curves(latency_profile).items()}
 
 
 def profile_summary(profile: dict) -> str:

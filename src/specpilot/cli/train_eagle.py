@@ -2,6 +2,9 @@
 
 Re-running the same command on the same --out resumes: the target's answers already written are
 kept, and training continues from the last checkpoint. Training defaults are EagleTrainConfig's.
+`--init HEAD` starts from a trained head instead of the target's top layer: how a head grows
+over several sessions, each answering more prompts (copy the last run's data/responses.jsonl
+into the new --out/data to keep its answers).
 """
 
 from __future__ import annotations
@@ -11,7 +14,8 @@ from pathlib import Path
 
 from specpilot.api import DEFAULT_TARGET, load_models
 from specpilot.cli.common import dataclass_defaults
-from specpilot.drafting.eagle_head import EagleShape
+from specpilot.drafting.eagle_head import EagleHead, EagleShape, resolve_head
+from specpilot.errors import ConfigError
 from specpilot.training.eagle.data import DataOptions, collect_samples
 from specpilot.training.eagle.trainer import EagleTrainConfig, train_eagle, write_run_config
 
@@ -62,6 +66,12 @@ def register(commands) -> None:
         type=_int_tuple,
         help="tap layers, e.g. 2,14,25 (default: inputs of layers 2, L/2, L-3)",
     )
+    parser.add_argument(
+        "--init",
+        help="continue training this head (a head or train-eagle --out folder, or `default`: "
+        "the head committed for the target) instead of starting from the target's top layer; "
+        "its draft vocabulary, taps and MLP width are kept",
+    )
     integers = ("epochs", "batch_tokens", "unroll", "max_seq_tokens", "valid_samples")
     for name in (*integers, "eval_every", "save_every"):
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=defaults[name])
@@ -97,12 +107,17 @@ def run(args: argparse.Namespace) -> int:
         args.target, None, args.dtype, max_length=args.max_length, batch_size=args.gen_batch_size
     )
     target = models.target
-    shape = EagleShape.for_target(
-        target.runner,
-        target.tokenizer,
-        args.feature_layers,
-        args.draft_vocab,
-        args.head_intermediate,
+    init = _initial_head(args, target)
+    shape = (
+        init.shape
+        if init is not None
+        else EagleShape.for_target(
+            target.runner,
+            target.tokenizer,
+            args.feature_layers,
+            args.draft_vocab,
+            args.head_intermediate,
+        )
     )
     out = Path(args.out)
     write_run_config(out, {"target": args.target, **vars(args) | {"run": None}})
@@ -110,6 +125,22 @@ def run(args: argparse.Namespace) -> int:
         target, data, args.regenerate, args.reference, out / "data", config.max_seq_tokens,
         progress=not args.quiet,
     )  # fmt: skip
-    train_eagle(target, samples, out, config, shape, progress=not args.quiet)
+    train_eagle(target, samples, out, config, shape, progress=not args.quiet, init=init)
     print(out / "head")
     return 0
+
+
+def _initial_head(args: argparse.Namespace, target) -> EagleHead | None:
+    """The head `--init` names, checked against the target; the shape options belong to it."""
+    if args.init is None:
+        return None
+    chosen = [f"--{name}" for name in ("draft-vocab", "head-intermediate", "feature-layers")
+              if getattr(args, name.replace("-", "_")) is not None]  # fmt: skip
+    if chosen:
+        raise ConfigError(
+            f"--init keeps the head's own shape; drop {', '.join(chosen)} (or train a new head "
+            "without --init)"
+        )
+    committed = None if args.init == "default" else args.init
+    expected = EagleShape.for_target(target.runner, target.tokenizer)
+    return EagleHead.load(resolve_head(committed, target.name), expected=expected)

@@ -11,14 +11,14 @@ Truncating a draft never changes the output distribution, so any choice here is 
 
 from __future__ import annotations
 
-import bisect
 import heapq
 import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 from specpilot.config import require
-from specpilot.errors import ConfigError
+from specpilot.policies.latency import interpolate, read_verify_curves
 
 Latency = Callable[[int], float]
 """T(n): seconds to verify n fed tokens (a `VerifyLatency`, or any callable)."""
@@ -59,10 +59,9 @@ def goodput(p: Sequence[float], gamma: int, latency: Latency, plus_one: bool = T
 
 
 class VerifyLatency:
-    """T(n) from measured points: linear between them, flat below the first, and beyond the last
-    the slope of the last two (never falling below the last value, since feeding more tokens
-    is never faster). n is the number of tokens fed: γ + 1 for one request, the total over rows
-    for a batch."""
+    """T(n) from measured points (`policies.latency.interpolate`: linear between them, flat below
+    the first, beyond the last the measured range's average slope, never falling). n is the
+    number of tokens fed: γ + 1 for one request, the total over rows for a batch."""
 
     def __init__(self, points: Iterable[tuple[float, float]], context: int | None = None) -> None:
         pts = sorted((float(n), float(t)) for n, t in points)
@@ -81,45 +80,21 @@ class VerifyLatency:
         self.context = context
 
     @classmethod
-    def from_profile(cls, profile: dict[str, Any], context: int | None = None) -> VerifyLatency:
-        """The curve of a `specpilot profile` JSON whose context is nearest `context` (ties: the
-        shorter; default: the shortest). verify_ms[str(c)][i] is T(i + 1) in milliseconds."""
-        curves = profile.get("verify_ms") if isinstance(profile, dict) else None
-        if not curves or not isinstance(curves, dict):
-            raise ConfigError(
-                "profile has no verify-latency curves ('verify_ms'); "
-                "run `specpilot profile --out PATH` first"
-            )
-        try:
-            by_context = {int(c): curve for c, curve in curves.items()}
-        except ValueError as exc:
-            raise ConfigError(
-                f"verify_ms keys must be context lengths, got {list(curves)}"
-            ) from exc
+    def from_profile(
+        cls, profile: dict[str, Any] | str | Path, context: int | None = None
+    ) -> VerifyLatency:
+        """The curve of a `specpilot profile` JSON (loaded, or its path) whose context is nearest
+        `context` (ties: the shorter; default: the shortest). verify_ms[str(c)][i] is T(i + 1)
+        in milliseconds."""
+        by_context = read_verify_curves(profile)
         wanted = min(by_context) if context is None else context
         chosen = min(by_context, key=lambda c: (abs(c - wanted), c))
-        curve = by_context[chosen]
-        require(
-            isinstance(curve, list)
-            and len(curve) > 0
-            and all(isinstance(ms, int | float) for ms in curve),
-            f"verify_ms['{chosen}'] must be a non-empty list of milliseconds",
-        )
-        return cls([(i + 1, ms / 1000.0) for i, ms in enumerate(curve)], context=chosen)
+        points = [(i + 1, ms / 1000.0) for i, ms in enumerate(by_context[chosen])]
+        return cls(points, context=chosen)
 
     def __call__(self, n: float) -> float:
         require(n >= 1, f"verify latency needs n >= 1 tokens, got {n}")
-        pts = self.points
-        if n <= pts[0][0]:
-            return pts[0][1]
-        if n >= pts[-1][0]:
-            if len(pts) == 1:
-                return pts[0][1]
-            (n0, t0), (n1, t1) = pts[-2], pts[-1]
-            return t1 + max((t1 - t0) / (n1 - n0), 0.0) * (n - n1)
-        i = bisect.bisect_left(pts, n, key=lambda point: point[0])
-        (n0, t0), (n1, t1) = pts[i - 1], pts[i]
-        return t0 + (t1 - t0) * (n - n0) / (n1 - n0)
+        return interpolate(self.points, n)
 
     def __repr__(self) -> str:
         return f"VerifyLatency({len(self.points)} points, context={self.context})"

@@ -16,12 +16,64 @@ to prior where both exist (load and context differ from when it was profiled).
 from __future__ import annotations
 
 import bisect
+import json
 import math
 import statistics
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
 
 from specpilot.config import require
+from specpilot.errors import ConfigError
+
+
+def interpolate(points: Sequence[tuple[float, float]], x: float) -> float:
+    """Piecewise-linear T(x) through (size, seconds) points sorted by size: flat below the first
+    point; beyond the last, the average slope over the whole measured range (robust to a noisy
+    last point), never negative (feeding more tokens is never faster). The one rule every
+    latency curve in the project uses."""
+    require(len(points) > 0, "a latency curve needs at least one point")
+    (n0, t0), (n1, t1) = points[0], points[-1]
+    if x <= n0:
+        return t0
+    if x >= n1:
+        slope = max((t1 - t0) / (n1 - n0), 0.0) if n1 > n0 else 0.0
+        return t1 + slope * (x - n1)
+    i = bisect.bisect_left(points, x, key=lambda point: point[0])
+    (na, ta), (nb, tb) = points[i - 1], points[i]
+    return ta + (tb - ta) * (x - na) / (nb - na)
+
+
+def read_verify_curves(source: str | Path | dict[str, Any]) -> dict[int, list[float]]:
+    """The verify-latency curves of a `specpilot profile` JSON (its path, or the loaded dict):
+    {context length: [ms of one target forward over 1, 2, ... new tokens]}."""
+    where = "profile" if isinstance(source, dict) else repr(str(source))
+    if isinstance(source, dict):
+        profile = source
+    else:
+        try:
+            profile = json.loads(Path(source).read_text())
+        except (OSError, ValueError) as error:
+            raise ConfigError(f"cannot read latency profile {where} ({error})") from None
+    curves = profile.get("verify_ms") if isinstance(profile, dict) else None
+    if not curves or not isinstance(curves, dict):
+        raise ConfigError(
+            f"{where} has no verify-latency curves ('verify_ms'); "
+            "run `specpilot profile --out PATH` first"
+        )
+    try:
+        by_context = {int(c): curve for c, curve in curves.items()}
+    except ValueError as exc:
+        raise ConfigError(f"verify_ms keys must be context lengths, got {list(curves)}") from exc
+    for context, curve in by_context.items():
+        require(
+            isinstance(curve, list)
+            and len(curve) > 0
+            and all(isinstance(ms, int | float) and not isinstance(ms, bool) for ms in curve),
+            f"verify_ms['{context}'] must be a non-empty list of milliseconds",
+        )
+    return {c: [float(ms) for ms in by_context[c]] for c in sorted(by_context)}
 
 
 class LatencyCurve:
@@ -86,23 +138,16 @@ class LatencyCurve:
 
     def __call__(self, size: float) -> float:
         pts = self.points()
-        if self.proportional and size <= 0:
-            return 0.0
-        if not pts:
-            if self.proportional:
+        if self.proportional:
+            if size <= 0 or not pts:
                 return 0.0
+            (n0, t0), (n1, t1) = pts[0], pts[-1]
+            if size <= n0 or size >= n1:
+                return (t0 / n0 if size <= n0 else t1 / n1) * size
+            return interpolate(pts, size)
+        if not pts:
             raise ValueError("no verify latency measured yet")
-        (n0, t0), (n1, t1) = pts[0], pts[-1]
-        if size <= n0:
-            return t0 * size / n0 if self.proportional else t0
-        if size >= n1:
-            if self.proportional:
-                return t1 * size / n1
-            slope = (t1 - t0) / (n1 - n0) if n1 > n0 else 0.0
-            return t1 + slope * (size - n1)
-        i = bisect.bisect_left(pts, size, key=lambda point: point[0])
-        (na, ta), (nb, tb) = pts[i - 1], pts[i]
-        return ta + (tb - ta) * (size - na) / (nb - na)
+        return interpolate(pts, size)
 
     def __repr__(self) -> str:
         return f"LatencyCurve({len(self.points())} points, {len(self.samples)} measured sizes)"

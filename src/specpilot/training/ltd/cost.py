@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specpilot.errors import ConfigError
+from specpilot.policies.latency import interpolate, read_verify_curves
 
 MEASURED_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 MEASURED_CONTEXTS = (128, 512)
@@ -43,7 +43,9 @@ class CostModel:
         return self.draft_ms[depth - 1]
 
     def verify(self, tokens: int, context: int) -> float:
-        rows = [_linear(self.sizes, row, tokens) for row in self.verify_ms]
+        rows = [
+            interpolate(list(zip(self.sizes, row, strict=True)), tokens) for row in self.verify_ms
+        ]
         if len(rows) == 1:
             return rows[0]
         return float(np.interp(context, self.contexts, rows))
@@ -60,13 +62,6 @@ class CostModel:
         return cls(**json.loads(path.read_text()))
 
 
-def _linear(xs: list[int], ys: list[float], x: float) -> float:
-    if x <= xs[-1] or len(xs) == 1:
-        return float(np.interp(x, xs, ys))
-    slope = max(0.0, (ys[-1] - ys[0]) / (xs[-1] - xs[0]))  # the whole curve's: robust to noise
-    return ys[-1] + slope * (x - xs[-1])
-
-
 def draft_curve(draft_ms: np.ndarray) -> list[float]:
     """Median cumulative draft time per depth over the replay positions ([positions, depth])."""
     return [float(v) for v in np.median(draft_ms, axis=0)]
@@ -74,15 +69,8 @@ def draft_curve(draft_ms: np.ndarray) -> list[float]:
 
 def verify_from_profile(path: str | Path) -> tuple[list[int], list[int], list[list[float]]]:
     """(contexts, sizes, ms) from a `specpilot profile` JSON."""
-    try:
-        profile = json.loads(Path(path).read_text())
-        curves = {int(c): [float(v) for v in ms] for c, ms in profile["verify_ms"].items()}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
-        raise ConfigError(
-            f"cannot read verify latencies from {path} ({error}); give the JSON written by "
-            "`specpilot profile --out FILE`"
-        ) from None
-    contexts = sorted(curves)
+    curves = read_verify_curves(path)
+    contexts = list(curves)
     width = min(len(curves[c]) for c in contexts)
     sizes = list(range(1, width + 1))
     return contexts, sizes, [curves[c][:width] for c in contexts]
