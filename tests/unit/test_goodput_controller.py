@@ -226,6 +226,29 @@ def test_first_step_is_plain_and_idle_steps_lead_to_a_probe():
         c.plan([object(), object()], [4, 4])
 
 
+def test_steps_that_catch_the_drafter_up_do_not_teach_draft_time():
+    """A row resuming drafting first feeds its draft model what it missed (the prompt, or the
+    tokens accepted while it did not draft): timing that as drafting would make the probes after
+    an idle spell look expensive, and the controller would never draft again."""
+    c = GoodputController(joint=True)
+    c.verify.add(1, 1.0)
+    policies = [GoodputPolicy(max_k=4)]
+    record = StepRecord(1, 1, 1, 2, 0.0, 0.0, 9, 1)
+    first = c.plan(policies, [4])
+    assert first == [1] and c.catching_up  # T_draft unknown (optimistic): it drafts
+    c.observe(first, [record], draft_s=5.0, verify_s=1.0, step_s=6.0)  # the prompt's catch-up
+    assert c.draft.measured(1) == 0
+    second = c.plan(policies, [4])
+    assert second[0] > 0 and not c.catching_up
+    c.observe(second, [record], draft_s=0.2, verify_s=1.0, step_s=1.2)
+    assert c.draft(second[0]) == pytest.approx(0.2)
+    c.draft.add(1, 10.0)
+    c.draft.add(1, 10.0)  # drafting now looks hopeless: the row stops, then resumes with a probe
+    assert c.plan(policies, [4]) == [0] and not policies[0].drafted_last
+    c.idle = c.gap
+    assert c.plan(policies, [4]) == [1] and c.catching_up
+
+
 def test_observe_learns_verify_draft_and_tree_width():
     c = GoodputController(joint=False)
     records = [StepRecord(3, 3, 1, 2, 0.0, 0.0, 9, 6), StepRecord(0, 0, 0, 1, 0.0, 0.0, 9, 0)]

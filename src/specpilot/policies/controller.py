@@ -113,6 +113,8 @@ class GoodputPolicy:
     memory: float = 0.8
     strength: float = 2.0
     acceptance: AcceptanceByPosition = field(init=False, repr=False)
+    drafted_last: bool = field(default=False, init=False, repr=False)
+    """Whether the controller let this row draft on its last step (its drafter is caught up)."""
 
     def __post_init__(self) -> None:
         require(1 <= self.max_k <= 64, f"goodput max_k must be in 1..64, got {self.max_k}")
@@ -121,6 +123,7 @@ class GoodputPolicy:
 
     def reset(self) -> None:
         self.acceptance = AcceptanceByPosition(self.memory)
+        self.drafted_last = False
         self.prepare([], 0.0, None)
 
     def prepare(
@@ -201,6 +204,8 @@ class GoodputController:
         trees, less when lookups come up short or SV trims."""
         self.probe_gap = self.gap = probe_gap
         self.idle = 0
+        self.catching_up = False
+        """Whether the step planned last had a row resume drafting (its time is not T_draft)."""
 
     def reset(self) -> None:
         """Nothing: the machine and the drafter do not change between requests."""
@@ -209,10 +214,8 @@ class GoodputController:
         """Final budgets (each 0..caps[q]) for rows whose policies and caps (the policy's budget
         within the row's room) are given."""
         caps = [max(cap, 0) for cap in caps]
-        if not any(caps):
-            return caps
-        if not self.verify.points():  # first time the plain step, the baseline of every plan
-            return [0] * len(caps)
+        if not any(caps) or not self.verify.points():  # first time the plain step: the
+            return self._remember(policies, [0] * len(caps))  # baseline of every plan
         missing = [p for p in policies if not hasattr(p, "forecast")]
         if missing:
             raise ConfigError(
@@ -233,6 +236,21 @@ class GoodputController:
                 self.idle += 1
         for policy, forecast in zip(policies, forecasts, strict=True):
             policy.prepare(forecast, stop_gain, self.calibration)
+        return self._remember(policies, budgets)
+
+    def _remember(self, policies: Sequence, budgets: list[int]) -> list[int]:
+        """Note which rows draft now. A row that did not draft on its last step first catches
+        its drafter up (a draft model feeds the prompt, or every token accepted meanwhile):
+        such a step times that catch-up, not drafting, and stays out of T_draft (`observe`).
+        Otherwise the idle spells that follow an expensive sample would make every probe look
+        expensive too, and the controller would never draft again."""
+        self.catching_up = any(
+            budget > 0 and not getattr(policy, "drafted_last", True)
+            for policy, budget in zip(policies, budgets, strict=True)
+        )
+        for policy, budget in zip(policies, budgets, strict=True):
+            if hasattr(policy, "drafted_last"):
+                policy.drafted_last = budget > 0
         return budgets
 
     def best_plan(self, forecasts: Sequence[Sequence[float]]) -> tuple[list[int], float]:
@@ -301,7 +319,8 @@ class GoodputController:
         fed = sum(1 + record.num_nodes for record in records)
         self.verify.add(fed, verify_s)
         units = max(budgets, default=0) if self.joint else sum(budgets)
-        self.draft.add(units, draft_s)
+        if not self.catching_up:
+            self.draft.add(units, draft_s)
         self.other.append(max(step_s - draft_s - verify_s, 0.0))
         planned = sum(budgets)
         if planned:
