@@ -213,14 +213,14 @@ class GoodputController:
     def plan(self, policies: Sequence, caps: Sequence[int]) -> list[int]:
         """Final budgets (each 0..caps[q]) for rows whose policies and caps (the policy's budget
         within the row's room) are given."""
-        caps = [max(cap, 0) for cap in caps]
-        if not any(caps) or not self.verify.points():  # first time the plain step: the
-            return self._remember(policies, [0] * len(caps))  # baseline of every plan
-        missing = [p for p in policies if not hasattr(p, "forecast")]
+        missing = [p for p in policies if not isinstance(p, GoodputPolicy)]
         if missing:
             raise ConfigError(
                 f"the goodput controller plans with GoodputPolicy rows, got {type(missing[0])}"
             )
+        caps = [max(cap, 0) for cap in caps]
+        if not any(caps) or not self.verify.points():  # first time the plain step: the
+            return self._remember(policies, [0] * len(caps))  # baseline of every plan
         prior = self.acceptance.estimates(max(caps), None, self.strength)
         forecasts = [
             policy.forecast(prior)[:cap] for policy, cap in zip(policies, caps, strict=True)
@@ -245,12 +245,11 @@ class GoodputController:
         Otherwise the idle spells that follow an expensive sample would make every probe look
         expensive too, and the controller would never draft again."""
         self.catching_up = any(
-            budget > 0 and not getattr(policy, "drafted_last", True)
+            budget > 0 and not policy.drafted_last
             for policy, budget in zip(policies, budgets, strict=True)
         )
         for policy, budget in zip(policies, budgets, strict=True):
-            if hasattr(policy, "drafted_last"):
-                policy.drafted_last = budget > 0
+            policy.drafted_last = budget > 0
         return budgets
 
     def best_plan(self, forecasts: Sequence[Sequence[float]]) -> tuple[list[int], float]:

@@ -18,7 +18,7 @@ building and the commit are left out (small next to the target forward).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -39,13 +39,15 @@ class CostModel:
     """verify_ms[c][i]: one target forward over sizes[i] new tokens after contexts[c]."""
     source: str = ""
 
+    def __post_init__(self) -> None:
+        # (size, ms) points per context, built once: verify() runs on every environment step.
+        self._curves = [list(zip(self.sizes, row, strict=True)) for row in self.verify_ms]
+
     def draft(self, depth: int) -> float:
         return self.draft_ms[depth - 1]
 
     def verify(self, tokens: int, context: int) -> float:
-        rows = [
-            interpolate(list(zip(self.sizes, row, strict=True)), tokens) for row in self.verify_ms
-        ]
+        rows = [interpolate(curve, tokens) for curve in self._curves]
         if len(rows) == 1:
             return rows[0]
         return float(np.interp(context, self.contexts, rows))
@@ -55,7 +57,7 @@ class CostModel:
         return self.draft(depth) + self.verify(size + 1, context)
 
     def save(self, path: Path) -> None:
-        path.write_text(json.dumps(self.__dict__, indent=1) + "\n")
+        path.write_text(json.dumps(asdict(self), indent=1) + "\n")
 
     @classmethod
     def load(cls, path: Path) -> CostModel:
