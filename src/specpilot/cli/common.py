@@ -111,16 +111,16 @@ def add_method_arguments(parser: argparse.ArgumentParser) -> None:
         "name of a head committed beside the target's (e.g. ppow; default: the target's own)",
     )
     parser.add_argument(
-        "--tree-depth", type=int, help="--drafter eagle: draft levels per step (default 4)"
+        "--tree-depth", type=int, help="--drafter eagle: draft levels per step (default 3)"
     )
     parser.add_argument(
         "--tree-topk",
         type=int,
         help="--drafter eagle/model: frontier width, the nodes expanded per level (eagle default "
-        "8; 1 drafts chains)",
+        "4; 1 drafts chains)",
     )
     parser.add_argument(
-        "--tree-nodes", type=int, help="--drafter eagle/model: tokens verified (default 16)"
+        "--tree-nodes", type=int, help="--drafter eagle/model: tokens verified (default 8)"
     )
 
 
