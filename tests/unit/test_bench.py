@@ -208,8 +208,8 @@ def test_eagle_methods_in_bench(capsys, folders, tmp_path):
 
 def test_an_interrupted_bench_resumes_from_its_run_log(capsys, folders, tmp_path, monkeypatch):
     """The raw runs of each finished prompt are logged beside the report: re-running the same
-    command measures only what is missing; a half-written line (a killed run) is dropped; another
-    configuration is refused rather than mixed in."""
+    command measures only what is missing (however many prompts were logged); a half-written line
+    (a killed run) is dropped; another configuration is refused rather than mixed in."""
     import specpilot.bench.harness as harness
 
     out_file = tmp_path / "report.json"
@@ -219,7 +219,7 @@ def test_an_interrupted_bench_resumes_from_its_run_log(capsys, folders, tmp_path
     log = tmp_path / "report.runs.jsonl"
     lines = log.read_text().splitlines()
     assert len(lines) == 1 + 3  # the key, then one line per prompt
-    log.write_text("\n".join(lines[:2]) + "\n" + lines[2][:50])  # killed while writing prompt 2
+    log.write_text("\n".join(lines[:3]) + "\n" + lines[3][:50])  # killed while writing prompt 3
     measured = []
     real = harness.make_method
 
@@ -236,9 +236,12 @@ def test_an_interrupted_bench_resumes_from_its_run_log(capsys, folders, tmp_path
 
     monkeypatch.setattr(harness, "make_method", counting)
     assert bench(capsys, folders, *args)[0] == 0
-    assert len(measured) == 2 + 2 * 2 * 2  # warm-up per method, then 2 prompts × 2 repeats each
+    assert len(measured) == 2 + 2 * 2  # warm-up per method, then the last prompt × 2 repeats
     resumed = json.loads(out_file.read_text())
     assert resumed["complete"] and len(log.read_text().splitlines()) == 4
+    measured.clear()
+    assert bench(capsys, folders, *args)[0] == 0  # a finished bench re-run measures nothing
+    assert measured == [] and len(log.read_text().splitlines()) == 4
     rows = {(r["method"], r["category"]): r for r in resumed["results"]}
     old = {(r["method"], r["category"]): r for r in full["results"]}
     assert rows[("ar", "all")]["new_tokens"] == old[("ar", "all")]["new_tokens"]

@@ -90,8 +90,8 @@ def run_methods(
                 )
         done.extend(batch)
         if on_prompt_done is not None:
-            finished = sorted(done)
-            on_prompt_done({name: [runs[i] for i in finished] for name, runs in results.items()})
+            ready = sorted(done)
+            on_prompt_done({name: [runs[i] for i in ready] for name, runs in results.items()})
     bar.close()
     return results
 
