@@ -16,6 +16,7 @@ from specpilot.cli import main
 from specpilot.errors import ConfigError
 from specpilot.policies.controller import (
     PRIOR_ACCEPTANCE,
+    RESUME_HORIZON,
     AcceptanceByPosition,
     ConfidenceCalibration,
     GoodputController,
@@ -26,9 +27,9 @@ from specpilot.policies.latency import LatencyCurve
 from specpilot.types import StepRecord
 
 
-def controller(verify, draft=lambda u: 0.0, joint=True, other=0.0) -> GoodputController:
+def controller(verify, draft=lambda u: 1e-9 * u, joint=True, other=0.0) -> GoodputController:
     """A controller that has learned T_verify = verify(n) for n = 1..300, T_draft = draft(u)
-    for u = 1..16 and `other` seconds per step."""
+    for u = 1..16 (a time of 0 is not a sample) and `other` seconds per step."""
     c = GoodputController(joint=joint)
     for n in range(1, 301):
         c.verify.add(n, verify(n))
@@ -219,34 +220,65 @@ def test_first_step_is_plain_and_idle_steps_lead_to_a_probe():
     c.observe([0, 0], [StepRecord(0, 0, 0, 1, 0.0, 0.0, 5, 0)] * 2, 0.0, 1.0, 1.0)
     c.draft.add(1, 10.0)  # drafting is hopeless
     plans = [c.plan(policies, [4, 4]) for _ in range(3)]
-    assert plans == [[0, 0], [0, 0], [1, 1]]  # after probe_gap idle steps, one probe
+    assert plans == [[0, 0], [0, 0], [1, 0]]  # after probe_gap idle steps, one row probes
     assert c.gap == 4  # the next probe waits twice as long
     assert c.plan(policies, [0, 0]) == [0, 0]
     with pytest.raises(ConfigError, match="GoodputPolicy"):
         c.plan([object(), object()], [4, 4])
 
 
-def test_steps_that_catch_the_drafter_up_do_not_teach_draft_time():
+def test_steps_that_catch_the_drafter_up_teach_the_resume_cost_not_draft_time():
     """A row resuming drafting first feeds its draft model what it missed (the prompt, or the
     tokens accepted while it did not draft): timing that as drafting would make the probes after
-    an idle spell look expensive, and the controller would never draft again."""
+    an idle spell look expensive, and the controller would never draft again. It is the resume
+    cost instead, learned per row."""
     c = GoodputController(joint=True)
     c.verify.add(1, 1.0)
     policies = [GoodputPolicy(max_k=4)]
     record = StepRecord(1, 1, 1, 2, 0.0, 0.0, 9, 1)
     first = c.plan(policies, [4])
-    assert first == [1] and c.catching_up  # T_draft unknown (optimistic): it drafts
+    assert first == [1] and c.resuming == 1  # T_draft unknown: a one-token probe
     c.observe(first, [record], draft_s=5.0, verify_s=1.0, step_s=6.0)  # the prompt's catch-up
-    assert c.draft.measured(1) == 0
+    assert c.draft.measured(1) == 0 and list(c.resume) == [5.0]
     second = c.plan(policies, [4])
-    assert second[0] > 0 and not c.catching_up
+    assert second == [1] and c.resuming == 0  # still unknown: the caught-up row probes again
     c.observe(second, [record], draft_s=0.2, verify_s=1.0, step_s=1.2)
-    assert c.draft(second[0]) == pytest.approx(0.2)
+    assert c.draft(1) == pytest.approx(0.2)
     c.draft.add(1, 10.0)
     c.draft.add(1, 10.0)  # drafting now looks hopeless: the row stops, then resumes with a probe
     assert c.plan(policies, [4]) == [0] and not policies[0].drafted_last
     c.idle = c.gap
-    assert c.plan(policies, [4]) == [1] and c.catching_up
+    assert c.plan(policies, [4]) == [1] and c.resuming == 1
+    c.observe([1], [record], draft_s=10.0 + 3.0, verify_s=1.0, step_s=14.0)
+    assert list(c.resume) == [5.0, 3.0]  # the catch-up beyond T_draft(1)
+
+
+def test_a_probe_drafts_one_row_and_prefers_one_caught_up():
+    """In a batch, a probe pays one row's catch-up, not every row's."""
+    c = GoodputController(joint=True)
+    c.verify.add(3, 1.0)
+    policies = [GoodputPolicy(max_k=4) for _ in range(3)]
+    assert c.plan(policies, [4, 4, 4]) == [1, 0, 0]  # T_draft unknown: probe
+    assert c.plan(policies, [4, 4, 4]) == [1, 0, 0]  # the same row, now caught up
+    assert c.plan(policies, [4, 0, 4]) == [1, 0, 0]
+    policies[0].drafted_last = False
+    policies[2].drafted_last = True
+    assert c.plan(policies, [4, 4, 4]) == [0, 0, 1]
+
+
+def test_resuming_rows_pay_their_catch_up_in_the_plan():
+    """Warm rows draft where drafting pays; cold rows wait while one step's share of their
+    catch-up costs more than drafting brings, and resume when it is cheap."""
+    c = controller(lambda n: 0.1 + 0.002 * n, draft=lambda u: 0.01 * u)
+    forecasts = [[0.8] * 4, [0.8] * 4]
+    warm = c.best_plan(forecasts, [False, False])[0]
+    assert all(k > 0 for k in warm)
+    c.resume.append(RESUME_HORIZON * 1.0)  # one second per step for each resuming row
+    assert c.best_plan(forecasts, [True, True])[0] == [0, 0]
+    assert c.best_plan(forecasts, [False, True])[0] == [warm[0], 0]
+    c.resume.clear()
+    c.resume.append(RESUME_HORIZON * 1e-4)
+    assert c.best_plan(forecasts, [True, True])[0] == warm
 
 
 def test_observe_learns_verify_draft_and_tree_width():

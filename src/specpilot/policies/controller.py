@@ -37,6 +37,10 @@ from specpilot.types import StepRecord
 PRIOR_ACCEPTANCE = 0.5
 """Acceptance assumed for a position nothing has been learned about yet."""
 
+RESUME_HORIZON = 16
+"""Steps a row that resumes drafting is expected to go on drafting: the one-time cost of
+catching its drafter up is charged to a plan at 1/RESUME_HORIZON of it per step (untuned)."""
+
 
 class AcceptanceByPosition:
     """Exponentially weighted acceptance of each draft position: a_i = P(accept i | accepted
@@ -177,8 +181,15 @@ class GoodputController:
     drafting chains), so drafting costs as much as the deepest budget; otherwise rows draft one
     after another (eagle, dynamic trees, n-gram lookup) and the cost follows the total.
     `verify_prior`: (tokens, seconds) points of a profiled T_verify. `probe_gap`: after that
-    many steps in which no row drafted, every row drafts one token, to learn whether drafting
-    pays now (the gap doubles after each probe, up to 32 times, so the probes cost little)."""
+    many steps in which no row drafted, one row drafts one token, to learn whether drafting pays
+    now (the gap doubles after each probe, up to 32 times, so the probes cost little). Until a
+    drafting step has been timed, every step is such a probe: an unknown T_draft is not free.
+
+    Resuming: a row that did not draft on its last step first catches its drafter up (a draft
+    model feeds the prompt, or every token accepted meanwhile), once. That cost is learned per
+    row from the steps where rows resume (`resume`) and charged to plans that resume a row at
+    1/RESUME_HORIZON per step, so a large batch does not pay sixteen prompts' catch-up for one
+    step of drafting that does not pay."""
 
     def __init__(
         self,
@@ -202,10 +213,12 @@ class GoodputController:
         self.nodes_by_budget: dict[int, float] = {}
         """Verified tokens of a row given each budget: the budget for chains, the tree size for
         trees, less when lookups come up short or SV trims."""
+        self.resume: deque[float] = deque(maxlen=window)
+        """Seconds of catch-up per resuming row, from the steps where rows resumed."""
         self.probe_gap = self.gap = probe_gap
         self.idle = 0
-        self.catching_up = False
-        """Whether the step planned last had a row resume drafting (its time is not T_draft)."""
+        self.resuming = 0
+        """Rows that resume drafting in the step planned last (its time is not T_draft)."""
 
     def reset(self) -> None:
         """Nothing: the machine and the drafter do not change between requests."""
@@ -225,11 +238,13 @@ class GoodputController:
         forecasts = [
             policy.forecast(prior)[:cap] for policy, cap in zip(policies, caps, strict=True)
         ]
-        if self.idle >= self.gap:  # a probe: one token each, no confidence stop
-            self.idle, self.gap = 0, min(2 * self.gap, 32 * self.probe_gap)
-            budgets, stop_gain = [min(cap, 1) for cap in caps], 0.0
+        cold = [not policy.drafted_last for policy in policies]
+        if self.idle >= self.gap or not self.draft.points():
+            if self.idle >= self.gap:
+                self.idle, self.gap = 0, min(2 * self.gap, 32 * self.probe_gap)
+            budgets, stop_gain = self._probe(forecasts, cold), 0.0
         else:
-            budgets, stop_gain = self.best_plan(forecasts)
+            budgets, stop_gain = self.best_plan(forecasts, cold)
             if any(budgets):
                 self.idle, self.gap = 0, self.probe_gap
             else:
@@ -238,13 +253,23 @@ class GoodputController:
             policy.prepare(forecast, stop_gain, self.calibration)
         return self._remember(policies, budgets)
 
+    @staticmethod
+    def _probe(forecasts: Sequence[Sequence[float]], cold: Sequence[bool]) -> list[int]:
+        """One token for one row, with no confidence stop: a row already caught up if there is
+        one (its step times drafting alone), else the one forecast to accept best."""
+        budgets = [0] * len(forecasts)
+        candidates = [q for q, forecast in enumerate(forecasts) if forecast]
+        if candidates:
+            chosen = max(candidates, key=lambda q: (not cold[q], forecasts[q][0]))
+            budgets[chosen] = 1
+        return budgets
+
     def _remember(self, policies: Sequence, budgets: list[int]) -> list[int]:
-        """Note which rows draft now. A row that did not draft on its last step first catches
-        its drafter up (a draft model feeds the prompt, or every token accepted meanwhile):
-        such a step times that catch-up, not drafting, and stays out of T_draft (`observe`).
-        Otherwise the idle spells that follow an expensive sample would make every probe look
-        expensive too, and the controller would never draft again."""
-        self.catching_up = any(
+        """Note which rows draft now, and how many of them resume: a step where rows catch up
+        times that catch-up as well as drafting, so it teaches the resume cost, not T_draft
+        (`observe`). Otherwise the idle spells that follow an expensive sample would make every
+        probe look expensive too, and the controller would never draft again."""
+        self.resuming = sum(
             budget > 0 and not policy.drafted_last
             for policy, budget in zip(policies, budgets, strict=True)
         )
@@ -252,13 +277,17 @@ class GoodputController:
             policy.drafted_last = budget > 0
         return budgets
 
-    def best_plan(self, forecasts: Sequence[Sequence[float]]) -> tuple[list[int], float]:
-        """The budgets maximising G given each row's forecast a_1..a_cap, and the expected
+    def best_plan(
+        self, forecasts: Sequence[Sequence[float]], cold: Sequence[bool] | None = None
+    ) -> tuple[list[int], float]:
+        """The budgets maximising G given each row's forecast a_1..a_cap (and which rows would
+        resume drafting, `cold`: each adds its share of the catch-up cost), and the expected
         gain a drafted position must bring to pay for itself at that G (G times its marginal
         seconds; drafting stops below it, GoodputPolicy). For every total n the
         best n positions are the first n in marginal_order, so scanning that order (per common
         depth D for joint drafters) covers every candidate plan, exactly when each position
-        costs the same tokens (chains; trees' costs per depth are learned, `nodes`). Plans
+        costs the same tokens (chains; trees' costs per depth are learned, `nodes`) and no row
+        resumes (with resuming rows, the order without them is scanned as well). Plans
         feeding the target more than twice the most tokens it was timed on are left out (the
         next step measures further)."""
         rows = len(forecasts)
@@ -268,26 +297,34 @@ class GoodputController:
         items = list(marginal_order(forecasts))
         deepest = max(len(f) for f in forecasts)
         extra = [0.0] + [max(self.nodes(k) - self.nodes(k - 1), 0.0) for k in range(1, deepest + 1)]
-        best, best_depth, best_n = rows / (other + self.verify(rows)), 0, 0
-        for depth in range(1, deepest + 1) if self.joint else (deepest,):
-            counts = [0] * rows
-            expected, fed, n = float(rows), float(rows), 0
-            for q, gain, _ in items:
-                if counts[q] == depth:
-                    continue
-                counts[q] += 1
-                fed += extra[counts[q]]
-                if fed > limit and n >= rows:
-                    break
-                n += 1
-                expected += gain
-                drafting = self.draft(depth if self.joint else n)
-                goodput = expected / (other + drafting + self.verify(fed))
-                if goodput > best:
-                    best, best_depth, best_n = goodput, depth, n
+        cold = cold if cold is not None else [False] * rows
+        resume = statistics.median(self.resume) / RESUME_HORIZON if self.resume else 0.0
+        orders = [items]  # a resuming row's first position costs more than its gain says, so
+        if resume and any(cold):  # plans that leave every resuming row out are scanned too
+            orders.append([item for item in items if not cold[item[0]]])
+        best, best_depth, best_n, best_order = rows / (other + self.verify(rows)), 0, 0, items
+        for order in orders:
+            for depth in range(1, deepest + 1) if self.joint else (deepest,):
+                counts = [0] * rows
+                expected, fed, n, resuming = float(rows), float(rows), 0, 0.0
+                for q, gain, _ in order:
+                    if counts[q] == depth:
+                        continue
+                    counts[q] += 1
+                    fed += extra[counts[q]]
+                    if fed > limit and n >= rows:
+                        break
+                    n += 1
+                    expected += gain
+                    if counts[q] == 1 and cold[q]:
+                        resuming += resume
+                    drafting = self.draft(depth if self.joint else n) + resuming
+                    goodput = expected / (other + drafting + self.verify(fed))
+                    if goodput > best:
+                        best, best_depth, best_n, best_order = goodput, depth, n, order
         budgets = [0] * rows
         taken = 0
-        for q, _, _ in items:
+        for q, _, _ in best_order:
             if taken == best_n:
                 break
             if budgets[q] < best_depth:
@@ -318,7 +355,10 @@ class GoodputController:
         fed = sum(1 + record.num_nodes for record in records)
         self.verify.add(fed, verify_s)
         units = max(budgets, default=0) if self.joint else sum(budgets)
-        if not self.catching_up:
+        if self.resuming:
+            drafting = self.draft(units) if self.draft.points() else 0.0
+            self.resume.append(max(draft_s - drafting, 0.0) / self.resuming)
+        else:
             self.draft.add(units, draft_s)
         self.other.append(max(step_s - draft_s - verify_s, 0.0))
         planned = sum(budgets)
