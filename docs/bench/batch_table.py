@@ -1,0 +1,41 @@
+"""Issue 18's table from the batch-size reports of docs/bench/goodput_batches.sh: per batch, every
+method's goodput (tokens of all rows / wall time of the batch; median of the repeats) against
+plain decoding, and the controller against the best of plain decoding and constant k.
+
+    python docs/bench/batch_table.py /work/runs/goodput18/greedy_b{1,2,4,8,16,32}.json
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+CONTROLLER = "sd:policy=goodput"
+
+
+def short(method: str) -> str:
+    return "SV" if "policy=sv" in method else method
+
+
+def table(paths: list[str]) -> str:
+    lines = []
+    for path in paths:
+        report = json.load(open(path))
+        rows = {r["method"]: r for r in report["results"] if r["category"] == "all"}
+        if not lines:
+            names = list(rows)
+            head = [short(n) for n in names] + ["controller ÷ max(ar, best k)", "controller MAT"]
+            lines.append("| batch | " + " | ".join(head) + " |")
+            lines.append("|---:|" + "---:|" * len(head))
+        speeds = {name: row["tokens_per_s"] for name, row in rows.items()}
+        constant = [s for n, s in speeds.items() if n == "ar" or n.startswith("sd:k=")]
+        cells = [f"{speeds[n]:.2f} ({rows[n]['speedup']:.2f}×)" for n in names]
+        ratio = speeds[CONTROLLER] / max(constant)
+        cells += [f"{ratio:.3f}", f"{rows[CONTROLLER]['mean_accepted_tokens']:.2f}"]
+        partial = "" if report.get("complete") else f" (partial: {report['prompts_done']} prompts)"
+        lines.append(f"| {report['config']['batch_size']}{partial} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(table(sys.argv[1:]))
