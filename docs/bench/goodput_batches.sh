@@ -1,22 +1,28 @@
 #!/usr/bin/env bash
 # Issue 18's batch bench on the default pair (1.5B target, 0.5B draft): plain decoding, constant
-# k = 2 and 3, SV and the goodput controller at batch 1, 2, 4, 8, 16, 32 (greedy, 48 tokens,
-# 3 repeats), then T = 0.7 at batch 1 and 16. Prompts: the last 32 AlpacaEval instructions of
-# ../shared/data/alpaca_sample.jsonl (no eagle head or SV table trained on them); 16 of them up to
-# batch 16, all 32 at batch 32 so that batch is full. Resumable: re-running it measures only what
-# is missing (same CPU model). Then: specpilot plot-batches $OUT/greedy_b{1,2,4,8,16,32}.json
+# k = 1, 2, 3, SV and the goodput controller at batch 1, 2, 4, 8, 16, 32 (greedy, 48 tokens,
+# 3 repeats), then plain, k = 2 and the controller at T = 0.7 at batch 1 and 16. Prompts: the
+# last 32 AlpacaEval instructions of ../shared/data/alpaca_sample.jsonl (no eagle head or SV table
+# trained on them); 16 of them up to batch 16, all 32 at batch 32 so that batch is full.
+# NO_SV=1 leaves SV out (its cost does not depend on the controller). Resumable: re-running it
+# measures only what is missing (same CPU model). Then:
+#   specpilot plot-batches $OUT/greedy_b{1,2,4,8,16,32}.json
+#   python docs/bench/batch_table.py $OUT/greedy_b{1,2,4,8,16,32}.json
 set -u
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/work/runs/goodput18}
 mkdir -p "$OUT"
-SV=sd:policy=sv,sv_profile=docs/bench/sv_profile_ee8.json
-bench() {  # name, batch, limit, extra flags...
+SV=(--method sd:policy=sv,sv_profile=docs/bench/sv_profile_ee8.json)
+[ -n "${NO_SV:-}" ] && SV=()
+bench() {  # name, batch, limit, flags...
   name=$1 batch=$2 limit=$3; shift 3
   specpilot bench --prompts docs/bench/heldout_alpaca_32.jsonl --limit "$limit" --max-new-tokens 48 \
-    --repeats 3 --batch-size "$batch" --quiet \
-    --method sd:k=2 --method sd:k=3 --method "$SV" --method sd:policy=goodput "$@" \
+    --repeats 3 --batch-size "$batch" --quiet "$@" \
     --json-out "$OUT/$name.json" > "$OUT/$name.txt" 2>&1
 }
-for B in 1 2 4 8 16; do bench greedy_b$B $B 16; done
-bench greedy_b32 32 32
-for B in 1 16; do bench t07_b$B $B 16 --temperature 0.7; done
+GREEDY=(--method sd:k=1 --method sd:k=2 --method sd:k=3 "${SV[@]}" --method sd:policy=goodput)
+for B in 1 2 4 8 16; do bench greedy_b$B $B 16 "${GREEDY[@]}"; done
+bench greedy_b32 32 32 "${GREEDY[@]}"
+for B in 1 16; do
+  bench t07_b$B $B 16 --method sd:k=2 --method sd:policy=goodput --temperature 0.7
+done

@@ -23,6 +23,7 @@ from specpilot.drafting.dvi_head import DraftHead
 from specpilot.drafting.eagle import EagleDrafter
 from specpilot.drafting.layer_split import LayerSplitDrafter
 from specpilot.engine import SpeculativeEngine
+from specpilot.engine.scheduler import Scheduler
 from specpilot.models.decoder import DecoderRunner
 from specpilot.policies import ConstantPolicy
 from specpilot.policies.controller import GoodputController, GoodputPolicy
@@ -77,14 +78,17 @@ def engine_for(kind, target, policy, planner, batch_size=BATCH):
 
 class ScriptedPlanner:
     """Budgets by a fixed pattern: each row in turn drafts its cap, one token or nothing, and
-    every fourth step no row drafts. Records what it planned."""
+    every fourth step no row drafts. Records what it planned, and the rows' remaining tokens
+    it was told."""
 
     def __init__(self) -> None:
         self.step = 0
         self.plans: list[list[int]] = []
+        self.remaining: list[list[int] | None] = []
 
-    def plan(self, policies, caps):
+    def plan(self, policies, caps, remaining=None):
         self.step += 1
+        self.remaining.append(remaining)
         if self.step % 4 == 0:
             budgets = [0] * len(caps)
         else:
@@ -122,6 +126,17 @@ def test_rows_with_budget_zero_stay_plain_greedy(target, reference, kind):
     assert 0 in drafted and max(drafted) > 0
     if kind != "ngram":  # lookups may find nothing in these prompts
         assert sum(r.stats.accepted for r in results) > 0
+    # generate_batch's caller waits for the last row: the planner gets the rows' remaining tokens
+    assert planner.remaining[0] == [MAX_NEW] * BATCH and None not in planner.remaining
+
+
+def test_a_server_scheduler_plans_for_throughput_not_to_finish_together(target, reference):
+    planner = ScriptedPlanner()
+    scheduler = Scheduler(engine_for("model", target, ConstantPolicy(4), planner))
+    requests = [scheduler.submit(p, GenerationConfig(max_new_tokens=MAX_NEW)) for p in PROMPTS]
+    scheduler.run()
+    assert [r.result.token_ids for r in requests] == reference
+    assert planner.remaining and set(planner.remaining) == {None}
 
 
 class SyntheticTimes(GoodputController):
@@ -133,8 +148,8 @@ class SyntheticTimes(GoodputController):
         self.slope, self.unit = slope, unit
         self.plans: list[list[int]] = []
 
-    def plan(self, policies, caps):
-        budgets = super().plan(policies, caps)
+    def plan(self, policies, caps, remaining=None):
+        budgets = super().plan(policies, caps, remaining)
         self.plans.append(budgets)
         return budgets
 

@@ -227,21 +227,21 @@ def test_first_step_is_plain_and_idle_steps_lead_to_a_probe():
         c.plan([object(), object()], [4, 4])
 
 
-def test_steps_that_catch_the_drafter_up_teach_the_resume_cost_not_draft_time():
-    """A row resuming drafting first feeds its draft model what it missed (the prompt, or the
-    tokens accepted while it did not draft): timing that as drafting would make the probes after
-    an idle spell look expensive, and the controller would never draft again. It is the resume
-    cost instead, learned per row."""
+def test_steps_that_catch_the_drafter_up_teach_the_catch_up_cost_not_draft_time():
+    """A row drafting first feeds its draft model what it missed (the prompt on its first
+    drafting step, the tokens accepted meanwhile when it resumes): timing that as drafting would
+    make the probes after an idle spell look expensive, and the controller would never draft
+    again. It is the start or resume cost instead, learned per row."""
     c = GoodputController(joint=True)
     c.verify.add(1, 1.0)
     policies = [GoodputPolicy(max_k=4)]
     record = StepRecord(1, 1, 1, 2, 0.0, 0.0, 9, 1)
     first = c.plan(policies, [4])
-    assert first == [1] and c.resuming == 1  # T_draft unknown: a one-token probe
+    assert first == [1] and c.starting == 1  # T_draft unknown: a one-token probe
     c.observe(first, [record], draft_s=5.0, verify_s=1.0, step_s=6.0)  # the prompt's catch-up
-    assert c.draft.measured(1) == 0 and list(c.resume) == [5.0]
+    assert c.draft.measured(1) == 0 and list(c.start) == [5.0] and not c.resume
     second = c.plan(policies, [4])
-    assert second == [1] and c.resuming == 0  # still unknown: the caught-up row probes again
+    assert second == [1] and c.starting == c.resuming == 0  # the caught-up row probes again
     c.observe(second, [record], draft_s=0.2, verify_s=1.0, step_s=1.2)
     assert c.draft(1) == pytest.approx(0.2)
     c.draft.add(1, 10.0)
@@ -250,7 +250,8 @@ def test_steps_that_catch_the_drafter_up_teach_the_resume_cost_not_draft_time():
     c.idle = c.gap
     assert c.plan(policies, [4]) == [1] and c.resuming == 1
     c.observe([1], [record], draft_s=10.0 + 3.0, verify_s=1.0, step_s=14.0)
-    assert list(c.resume) == [5.0, 3.0]  # the catch-up beyond T_draft(1)
+    assert list(c.resume) == [3.0]  # the catch-up beyond T_draft(1)
+    assert c.catch_up(GoodputPolicy()) == 5.0 and c.catch_up(policies[0]) == 0.0
 
 
 def test_a_probe_drafts_one_row_and_prefers_one_caught_up():
@@ -264,6 +265,8 @@ def test_a_probe_drafts_one_row_and_prefers_one_caught_up():
     policies[0].drafted_last = False
     policies[2].drafted_last = True
     assert c.plan(policies, [4, 4, 4]) == [0, 0, 1]
+    policies[2].drafted_last = False  # no row is caught up: one that resumes, not one starting
+    assert c.plan(policies, [4, 4, 4]) == [1, 0, 0]
 
 
 def test_resuming_rows_pay_their_catch_up_in_the_plan():
@@ -271,14 +274,35 @@ def test_resuming_rows_pay_their_catch_up_in_the_plan():
     catch-up costs more than drafting brings, and resume when it is cheap."""
     c = controller(lambda n: 0.1 + 0.002 * n, draft=lambda u: 0.01 * u)
     forecasts = [[0.8] * 4, [0.8] * 4]
-    warm = c.best_plan(forecasts, [False, False])[0]
+    warm = c.best_plan(forecasts, [0.0, 0.0])[0]
     assert all(k > 0 for k in warm)
-    c.resume.append(RESUME_HORIZON * 1.0)  # one second per step for each resuming row
-    assert c.best_plan(forecasts, [True, True])[0] == [0, 0]
-    assert c.best_plan(forecasts, [False, True])[0] == [warm[0], 0]
-    c.resume.clear()
-    c.resume.append(RESUME_HORIZON * 1e-4)
-    assert c.best_plan(forecasts, [True, True])[0] == warm
+    dear = RESUME_HORIZON * 1.0  # one second per step for each row catching up
+    assert c.best_plan(forecasts, [dear, dear])[0] == [0, 0]
+    assert c.best_plan(forecasts, [0.0, dear])[0] == [warm[0], 0]
+    cheap = RESUME_HORIZON * 1e-4
+    assert c.best_plan(forecasts, [cheap, cheap])[0] == warm
+
+
+def test_finishing_a_batch_follows_the_row_that_needs_most_steps():
+    """When the caller waits for the last row, a row that is ahead gains nothing by drafting:
+    only the rows that would finish last draft."""
+    c = controller(lambda n: 0.1 + 0.002 * n, draft=lambda u: 0.01 * u)
+    forecasts = [[0.8] * 4, [0.8] * 4, [0.8] * 4]
+    budgets, stop_gain = c.finish_plan(forecasts, [0.0] * 3, remaining=[40, 5, 40])
+    assert budgets[1] == 0 and budgets[0] > 0 and budgets[2] > 0 and stop_gain > 0
+    assert c.best_plan(forecasts)[0][1] > 0  # tokens per second would draft it too
+
+
+def test_finishing_a_batch_waits_for_its_worst_row_and_pays_catch_up_once():
+    """A batch drafts only if its slowest row gains enough to pay every drafting row's cost,
+    and a catch-up is charged whole: worth it over many steps, not over a few."""
+    c = controller(lambda n: 0.1 + 0.01 * n, draft=lambda u: 0.02 * u)
+    good, poor = [0.8] * 4, [0.15] * 4
+    assert any(c.finish_plan([good, good], [0.0, 0.0], [40, 40])[0])
+    assert c.finish_plan([good, poor], [0.0, 0.0], [40, 40])[0] == [0, 0]
+    assert any(c.best_plan([good, poor])[0])  # per second the good row alone pays
+    assert any(c.finish_plan([good, good], [0.5, 0.5], [40, 40])[0])
+    assert c.finish_plan([good, good], [0.5, 0.5], [4, 4])[0] == [0, 0]
 
 
 def test_observe_learns_verify_draft_and_tree_width():

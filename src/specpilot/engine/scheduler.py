@@ -7,7 +7,9 @@ into the free slot holding the longest prefix of its prompt, so a conversation's
 shared system prompt is not prefilled again) and prefills them together, (3) runs one engine
 step over every active row (draft → select → verify in one target forward, each row accepting
 its own number of tokens), (4) retires the rows that finished. `SpeculativeEngine.
-generate_batch` is this loop run to the end with every prompt admitted at once.
+generate_batch` is this loop run to the end with every prompt admitted at once; its caller waits
+for the last row, so it asks a batch planner to finish the batch soonest (`finish_together`)
+rather than to emit the most tokens per second.
 
 Every row has its own config, stop rule, draft-policy copy and random generator, so a request's
 output does not depend on what it is batched with (greedy exactly, in float32; sampled: the same
@@ -35,8 +37,11 @@ if TYPE_CHECKING:
 
 
 class Scheduler:
-    def __init__(self, engine: SpeculativeEngine):
+    def __init__(self, engine: SpeculativeEngine, finish_together: bool = False):
         self.engine = engine
+        self.finish_together = finish_together
+        """The caller waits for the whole batch: while no request waits for a slot, the goodput
+        controller minimises the time until the last row finishes (docs/methods.md §7.5)."""
         self.waiting: deque[Request] = deque()
         self.active: list[Request] = []
         self.free = list(range(engine.target.batch_size))
@@ -89,7 +94,8 @@ class Scheduler:
                 row.reason = "length"
         running = [row for row in self.active if row.reason is None]
         if running:
-            self.engine._step(running)
+            draining = self.finish_together and not self.waiting
+            self.engine._step(running, finish_together=draining)
         return finished + self._retire([row for row in self.active if row.reason is not None])
 
     def cancel_all(self) -> None:

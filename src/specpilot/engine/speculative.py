@@ -110,7 +110,7 @@ class SpeculativeEngine:
                 f"a batch of {len(prompts)} prompts needs 1..{self.target.batch_size} prompts; "
                 "load the models with a larger batch_size"
             )
-        scheduler = Scheduler(self)
+        scheduler = Scheduler(self, finish_together=True)
         requests = [
             scheduler.submit(
                 prompt, config, None if on_tokens is None else functools.partial(on_tokens, i)
@@ -157,15 +157,20 @@ class SpeculativeEngine:
             row.stats.prefill_s = prefill_s
             row.stats.prefill_tokens = len(feed)
 
-    def _step(self, rows: list[Request]) -> None:
-        """Draft → select → verify all rows in one target forward → commit each row."""
+    def _step(self, rows: list[Request], finish_together: bool = False) -> None:
+        """Draft → select → verify all rows in one target forward → commit each row.
+        `finish_together`: the caller waits for the last of these rows (planners are told each
+        row's remaining tokens)."""
         samplings = [row.config.sampling for row in rows]
         step_start = time.perf_counter()
         budgets = [
             min(row.policy.draft_budget(), row.room(self.target.max_length) - 1) for row in rows
         ]
         if self.planner is not None:
-            budgets = self.planner.plan([row.policy for row in rows], budgets)
+            remaining = [row.room(self.target.max_length) for row in rows]
+            budgets = self.planner.plan(
+                [row.policy for row in rows], budgets, remaining if finish_together else None
+            )
         draft_start = time.perf_counter()
         proposals = [Proposal([]) for _ in rows]
         if self.drafter is not None and any(budget > 0 for budget in budgets):

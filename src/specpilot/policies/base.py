@@ -81,8 +81,12 @@ class BatchPlanner(Protocol):
     once, before drafting (the goodput controller). A budget depends only on the past, so any
     plan is lossless (docs/methods.md §1.2)."""
 
-    def plan(self, policies: list[DraftPolicy], caps: list[int]) -> list[int]:
-        """Per row a budget in 0..caps[q] (caps: each row's policy budget within its room)."""
+    def plan(
+        self, policies: list[DraftPolicy], caps: list[int], remaining: list[int] | None = None
+    ) -> list[int]:
+        """Per row a budget in 0..caps[q] (caps: each row's policy budget within its room).
+        `remaining`: each row's tokens still to emit when the caller waits for the last row to
+        finish (a fixed batch); None when finished rows make room for others (a server)."""
 
     def observe(
         self,

@@ -20,6 +20,8 @@ sampling a batched row keeps the target's distribution but not its solo tokens (
 
 from __future__ import annotations
 
+import itertools
+import operator
 import statistics
 from collections import deque
 from collections.abc import Iterable, Sequence
@@ -36,6 +38,11 @@ from specpilot.types import StepRecord
 
 PRIOR_ACCEPTANCE = 0.5
 """Acceptance assumed for a position nothing has been learned about yet."""
+
+FINISH_POOLING = 8.0
+"""Pseudo-steps of the batch-wide acceptance in each row's forecast when planning to finish a
+batch soonest: that plan follows the row needing the most steps, and the least of several noisy
+estimates is biased low, so rows' own few steps count for less there (untuned)."""
 
 RESUME_HORIZON = 16
 """Steps a row that resumes drafting is expected to go on drafting: the one-time cost of
@@ -119,6 +126,8 @@ class GoodputPolicy:
     acceptance: AcceptanceByPosition = field(init=False, repr=False)
     drafted_last: bool = field(default=False, init=False, repr=False)
     """Whether the controller let this row draft on its last step (its drafter is caught up)."""
+    drafted_ever: bool = field(default=False, init=False, repr=False)
+    """Whether this request has drafted yet (if not, its drafter has the whole prompt to read)."""
 
     def __post_init__(self) -> None:
         require(1 <= self.max_k <= 64, f"goodput max_k must be in 1..64, got {self.max_k}")
@@ -127,7 +136,7 @@ class GoodputPolicy:
 
     def reset(self) -> None:
         self.acceptance = AcceptanceByPosition(self.memory)
-        self.drafted_last = False
+        self.drafted_last = self.drafted_ever = False
         self.prepare([], 0.0, None)
 
     def prepare(
@@ -168,9 +177,10 @@ class GoodputPolicy:
                 self.calibration.add(self.confidences[i], i < record.num_accepted)
         self.confidences = []
 
-    def forecast(self, prior: Sequence[float]) -> list[float]:
-        """This row's a_i for as many positions as `prior` (the batch-wide a_i) gives."""
-        return self.acceptance.estimates(len(prior), prior, self.strength)
+    def forecast(self, prior: Sequence[float], strength: float | None = None) -> list[float]:
+        """This row's a_i for as many positions as `prior` (the batch-wide a_i) gives, shrunk
+        towards it with `strength` pseudo-steps (default: the policy's)."""
+        return self.acceptance.estimates(len(prior), prior, strength or self.strength)
 
 
 class GoodputController:
@@ -185,11 +195,12 @@ class GoodputController:
     now (the gap doubles after each probe, up to 32 times, so the probes cost little). Until a
     drafting step has been timed, every step is such a probe: an unknown T_draft is not free.
 
-    Resuming: a row that did not draft on its last step first catches its drafter up (a draft
-    model feeds the prompt, or every token accepted meanwhile), once. That cost is learned per
-    row from the steps where rows resume (`resume`) and charged to plans that resume a row at
-    1/RESUME_HORIZON per step, so a large batch does not pay sixteen prompts' catch-up for one
-    step of drafting that does not pay."""
+    Catching up: a row that did not draft on its last step first catches its drafter up, once:
+    a draft model reads the whole prompt when the request first drafts (`start`), or the few
+    tokens accepted meanwhile when it resumes (`resume`). Both costs are learned per row from the
+    steps that pay them and charged to plans that have a row catch up: at 1/RESUME_HORIZON per
+    step when maximising tokens per second, so a large batch does not pay sixteen prompts'
+    catch-up for one step of drafting that does not pay; whole when finishing a batch."""
 
     def __init__(
         self,
@@ -213,19 +224,25 @@ class GoodputController:
         self.nodes_by_budget: dict[int, float] = {}
         """Verified tokens of a row given each budget: the budget for chains, the tree size for
         trees, less when lookups come up short or SV trims."""
+        self.start: deque[float] = deque(maxlen=window)
+        """Seconds of catch-up per row drafting for the first time in its request."""
         self.resume: deque[float] = deque(maxlen=window)
-        """Seconds of catch-up per resuming row, from the steps where rows resumed."""
+        """Seconds of catch-up per row resuming after steps without drafting."""
         self.probe_gap = self.gap = probe_gap
         self.idle = 0
-        self.resuming = 0
-        """Rows that resume drafting in the step planned last (its time is not T_draft)."""
+        self.starting = self.resuming = 0
+        """Rows that start or resume drafting in the step planned last (its draft time is not
+        T_draft alone)."""
 
     def reset(self) -> None:
         """Nothing: the machine and the drafter do not change between requests."""
 
-    def plan(self, policies: Sequence, caps: Sequence[int]) -> list[int]:
+    def plan(
+        self, policies: Sequence, caps: Sequence[int], remaining: Sequence[int] | None = None
+    ) -> list[int]:
         """Final budgets (each 0..caps[q]) for rows whose policies and caps (the policy's budget
-        within the row's room) are given."""
+        within the row's room) are given; with each row's `remaining` tokens when the caller
+        waits for the last row (finish_plan), else maximising tokens per second (best_plan)."""
         missing = [p for p in policies if not isinstance(p, GoodputPolicy)]
         if missing:
             raise ConfigError(
@@ -235,16 +252,22 @@ class GoodputController:
         if not any(caps) or not self.verify.points():  # first time the plain step: the
             return self._remember(policies, [0] * len(caps))  # baseline of every plan
         prior = self.acceptance.estimates(max(caps), None, self.strength)
+        finish = remaining is not None and len(caps) > 1
+        pooling = FINISH_POOLING if finish else None
         forecasts = [
-            policy.forecast(prior)[:cap] for policy, cap in zip(policies, caps, strict=True)
+            policy.forecast(prior, pooling)[:cap]
+            for policy, cap in zip(policies, caps, strict=True)
         ]
-        cold = [not policy.drafted_last for policy in policies]
+        catch_up = [self.catch_up(policy) for policy in policies]
         if self.idle >= self.gap or not self.draft.points():
             if self.idle >= self.gap:
                 self.idle, self.gap = 0, min(2 * self.gap, 32 * self.probe_gap)
-            budgets, stop_gain = self._probe(forecasts, cold), 0.0
+            budgets, stop_gain = self._probe(forecasts, policies), 0.0
         else:
-            budgets, stop_gain = self.best_plan(forecasts, cold)
+            if finish:
+                budgets, stop_gain = self.finish_plan(forecasts, catch_up, remaining)
+            else:
+                budgets, stop_gain = self.best_plan(forecasts, catch_up)
             if any(budgets):
                 self.idle, self.gap = 0, self.probe_gap
             else:
@@ -253,41 +276,56 @@ class GoodputController:
             policy.prepare(forecast, stop_gain, self.calibration)
         return self._remember(policies, budgets)
 
+    def catch_up(self, policy: GoodputPolicy) -> float:
+        """Seconds this row's drafter is expected to spend catching up if it drafts now (0 when
+        it drafted on the last step; unknown costs count as 0, so they get measured)."""
+        if policy.drafted_last:
+            return 0.0
+        samples = self.resume if policy.drafted_ever else self.start or self.resume
+        return statistics.median(samples) if samples else 0.0
+
     @staticmethod
-    def _probe(forecasts: Sequence[Sequence[float]], cold: Sequence[bool]) -> list[int]:
+    def _probe(forecasts: Sequence[Sequence[float]], policies: Sequence) -> list[int]:
         """One token for one row, with no confidence stop: a row already caught up if there is
-        one (its step times drafting alone), else the one forecast to accept best."""
+        one (its step times drafting alone), else one that only resumes (a few tokens to catch
+        up, not a prompt), each time the one forecast to accept best."""
         budgets = [0] * len(forecasts)
         candidates = [q for q, forecast in enumerate(forecasts) if forecast]
         if candidates:
-            chosen = max(candidates, key=lambda q: (not cold[q], forecasts[q][0]))
+            chosen = max(
+                candidates,
+                key=lambda q: (policies[q].drafted_last, policies[q].drafted_ever, forecasts[q][0]),
+            )
             budgets[chosen] = 1
         return budgets
 
     def _remember(self, policies: Sequence, budgets: list[int]) -> list[int]:
-        """Note which rows draft now, and how many of them resume: a step where rows catch up
-        times that catch-up as well as drafting, so it teaches the resume cost, not T_draft
-        (`observe`). Otherwise the idle spells that follow an expensive sample would make every
-        probe look expensive too, and the controller would never draft again."""
-        self.resuming = sum(
-            budget > 0 and not policy.drafted_last
-            for policy, budget in zip(policies, budgets, strict=True)
-        )
+        """Note which rows draft now, and how many of them start or resume: a step where rows
+        catch up times that catch-up as well as drafting, so it teaches the catch-up cost, not
+        T_draft (`observe`). Otherwise the idle spells that follow an expensive sample would make
+        every probe look expensive too, and the controller would never draft again."""
+        cold = [
+            policy for policy, budget in zip(policies, budgets, strict=True)
+            if budget > 0 and not policy.drafted_last
+        ]  # fmt: skip
+        self.starting = sum(not policy.drafted_ever for policy in cold)
+        self.resuming = len(cold) - self.starting
         for policy, budget in zip(policies, budgets, strict=True):
             policy.drafted_last = budget > 0
+            policy.drafted_ever = policy.drafted_ever or budget > 0
         return budgets
 
     def best_plan(
-        self, forecasts: Sequence[Sequence[float]], cold: Sequence[bool] | None = None
+        self, forecasts: Sequence[Sequence[float]], catch_up: Sequence[float] | None = None
     ) -> tuple[list[int], float]:
         """The budgets maximising G given each row's forecast a_1..a_cap (and which rows would
-        resume drafting, `cold`: each adds its share of the catch-up cost), and the expected
+        catch up first, `catch_up` seconds each: 1/RESUME_HORIZON of it is added), and the expected
         gain a drafted position must bring to pay for itself at that G (G times its marginal
         seconds; drafting stops below it, GoodputPolicy). For every total n the
         best n positions are the first n in marginal_order, so scanning that order (per common
         depth D for joint drafters) covers every candidate plan, exactly when each position
         costs the same tokens (chains; trees' costs per depth are learned, `nodes`) and no row
-        resumes (with resuming rows, the order without them is scanned as well). Plans
+        catches up (with such rows, the order without them is scanned as well). Plans
         feeding the target more than twice the most tokens it was timed on are left out (the
         next step measures further)."""
         rows = len(forecasts)
@@ -297,11 +335,10 @@ class GoodputController:
         items = list(marginal_order(forecasts))
         deepest = max(len(f) for f in forecasts)
         extra = [0.0] + [max(self.nodes(k) - self.nodes(k - 1), 0.0) for k in range(1, deepest + 1)]
-        cold = cold if cold is not None else [False] * rows
-        resume = statistics.median(self.resume) / RESUME_HORIZON if self.resume else 0.0
-        orders = [items]  # a resuming row's first position costs more than its gain says, so
-        if resume and any(cold):  # plans that leave every resuming row out are scanned too
-            orders.append([item for item in items if not cold[item[0]]])
+        share = [c / RESUME_HORIZON for c in catch_up] if catch_up else [0.0] * rows
+        orders = [items]  # a catching-up row's first position costs more than its gain says, so
+        if any(share):  # plans that leave every catching-up row out are scanned too
+            orders.append([item for item in items if not share[item[0]]])
         best, best_depth, best_n, best_order = rows / (other + self.verify(rows)), 0, 0, items
         for order in orders:
             for depth in range(1, deepest + 1) if self.joint else (deepest,):
@@ -316,8 +353,8 @@ class GoodputController:
                         break
                     n += 1
                     expected += gain
-                    if counts[q] == 1 and cold[q]:
-                        resuming += resume
+                    if counts[q] == 1:
+                        resuming += share[q]
                     drafting = self.draft(depth if self.joint else n) + resuming
                     goodput = expected / (other + drafting + self.verify(fed))
                     if goodput > best:
@@ -330,11 +367,68 @@ class GoodputController:
             if budgets[q] < best_depth:
                 budgets[q] += 1
                 taken += 1
-        fed = rows + sum(self.nodes(k) for k in budgets)
+        return budgets, best * self._marginal_seconds(budgets)
+
+    def finish_plan(
+        self,
+        forecasts: Sequence[Sequence[float]],
+        catch_up: Sequence[float],
+        remaining: Sequence[int],
+    ) -> tuple[list[int], float]:
+        """The budgets minimising the expected time until the batch's last row finishes, when
+        the caller waits for it (docs/methods.md §7.5): a step's cost times the most steps any
+        row still needs (its remaining tokens over its expected tokens per step, 1 + E[N]),
+        plus the one-time catch-up of each row that starts drafting. Tokens a row that is ahead
+        gains are worth nothing then, and a batch whose slowest row accepts little is better
+        decoded plainly, which tokens per second (best_plan) cannot see. Candidates: from no
+        drafting, add a position to the row that needs the most steps, until that row can draft
+        no further. Returns the budgets and the gain a drafted position must bring (as
+        best_plan's, at the bottleneck row's rate)."""
+        rows = len(forecasts)
+        other = statistics.median(self.other) if self.other else 0.0
+        limit = 2 * self.verify.points()[-1][0]
+        emitted = [  # per row, expected tokens a step emits with budget 0, 1, ...: 1 + E[N]
+            list(itertools.accumulate(itertools.accumulate(f, operator.mul), initial=1.0))
+            for f in forecasts
+        ]
+        budgets = [0] * rows
+        steps = [float(r) for r in remaining]
+        best = (other + self.verify(rows)) * max(steps)
+        best_budgets, best_step = list(budgets), other + self.verify(rows)
+        fed, resuming, added = float(rows), 0.0, 0
+        while True:
+            q = max(range(rows), key=steps.__getitem__)
+            if budgets[q] == len(forecasts[q]):
+                break
+            budgets[q] += 1
+            fed += max(self.nodes(budgets[q]) - self.nodes(budgets[q] - 1), 0.0)
+            added += 1
+            if fed > limit and added > rows:
+                break
+            steps[q] = remaining[q] / emitted[q][budgets[q]]
+            if budgets[q] == 1:
+                resuming += catch_up[q]
+            units = max(budgets) if self.joint else sum(budgets)
+            step = other + self.draft(units) + self.verify(fed)
+            seconds = step * max(steps) + resuming
+            if seconds < best:
+                best, best_budgets, best_step = seconds, list(budgets), step
+        if not any(best_budgets):
+            return best_budgets, 0.0
+        bottleneck = max(range(rows), key=lambda r: remaining[r] / emitted[r][best_budgets[r]])
+        rate = emitted[bottleneck][best_budgets[bottleneck]] / best_step
+        return best_budgets, rate * self._marginal_seconds(best_budgets)
+
+    def _marginal_seconds(self, budgets: Sequence[int]) -> float:
+        """What one more drafted position adds to a step planned with these budgets: its share
+        of verification (a tree adds its nodes per depth) and, for drafters whose rows draft
+        one after another, one more draft unit."""
+        fed = len(budgets) + sum(self.nodes(k) for k in budgets)
         seconds = (self.verify(fed) - self.verify(max(fed - 1, 1))) * self.fed_per_depth
         if not self.joint:
-            seconds += self.draft(best_n) - self.draft(best_n - 1)
-        return budgets, best * seconds
+            units = sum(budgets)
+            seconds += self.draft(units) - self.draft(units - 1)
+        return seconds
 
     def nodes(self, budget: int) -> float:
         """Tokens a row with this budget is expected to have verified (a chain: the budget)."""
@@ -355,9 +449,13 @@ class GoodputController:
         fed = sum(1 + record.num_nodes for record in records)
         self.verify.add(fed, verify_s)
         units = max(budgets, default=0) if self.joint else sum(budgets)
-        if self.resuming:
-            drafting = self.draft(units) if self.draft.points() else 0.0
-            self.resume.append(max(draft_s - drafting, 0.0) / self.resuming)
+        if self.starting or self.resuming:
+            extra = max(draft_s - (self.draft(units) if self.draft.points() else 0.0), 0.0)
+            if not self.starting:
+                self.resume.append(extra / self.resuming)
+            elif not self.resuming or self.resume:  # a mix: the resumes at their usual cost
+                resumed = self.resuming * statistics.median(self.resume) if self.resuming else 0.0
+                self.start.append(max(extra - resumed, 0.0) / self.starting)
         else:
             self.draft.add(units, draft_s)
         self.other.append(max(step_s - draft_s - verify_s, 0.0))
