@@ -234,7 +234,7 @@ def test_an_engine_failure_is_a_500_and_the_server_goes_on(server, client, monke
     engine = server.app.state.worker.engine
     step = engine._step
 
-    def broken(rows):
+    def broken(rows, finish_together=False):
         monkeypatch.setattr(engine, "_step", step)  # fail once
         raise RuntimeError("boom")
 

@@ -53,7 +53,7 @@ def test_profile_then_generate(capsys, folders, tmp_path):
     assert code == 0
     answer = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert len(answer["token_ids"]) > 0
-    # the goodput controller plans the draft lengths, SV trims them (docs/methods.md §7.5)
+    # the goodput controller plans the draft lengths, SV trims them (docs/methods.md §7.6)
     code = main(
         ["generate", *args, "--policy", "goodput", "--sv-profile", str(profile), "--json"]
         + ["--prompt", "w5 w6"]
