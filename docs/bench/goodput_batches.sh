@@ -3,7 +3,8 @@
 # k = 1, 2, 3, SV and the goodput controller at batch 1, 2, 4, 8, 16, 32 (greedy, 48 tokens,
 # 3 repeats), then plain, k = 2 and the controller at T = 0.7 at batch 1 and 16. Prompts: the
 # last 32 AlpacaEval instructions of ../shared/data/alpaca_sample.jsonl (no eagle head or SV table
-# trained on them); 16 of them up to batch 16, all 32 at batch 32 so that batch is full.
+# trained on them): the first 8 at batch 1 and 2 (a batch-1 run of all six methods costs ~3 min per
+# prompt here), 16 at batch 4 to 16, all 32 at batch 32 so that batch is full.
 # NO_SV=1 leaves SV out (its cost does not depend on the controller). Resumable: re-running it
 # measures only what is missing (same CPU model). Then:
 #   specpilot plot-batches $OUT/greedy_b{1,2,4,8,16,32}.json
@@ -21,8 +22,9 @@ bench() {  # name, batch, limit, flags...
     --json-out "$OUT/$name.json" > "$OUT/$name.txt" 2>&1
 }
 GREEDY=(--method sd:k=1 --method sd:k=2 --method sd:k=3 "${SV[@]}" --method sd:policy=goodput)
-for B in 1 2 4 8 16; do bench greedy_b$B $B 16 "${GREEDY[@]}"; done
+for B in 1 2; do bench greedy_b$B $B 8 "${GREEDY[@]}"; done
+for B in 4 8 16; do bench greedy_b$B $B 16 "${GREEDY[@]}"; done
 bench greedy_b32 32 32 "${GREEDY[@]}"
 for B in 1 16; do
-  bench t07_b$B $B 16 --method sd:k=2 --method sd:policy=goodput --temperature 0.7
+  bench t07_b$B $B $((B == 1 ? 8 : 16)) --method sd:k=2 --method sd:policy=goodput --temperature 0.7
 done
