@@ -138,9 +138,9 @@ def make_goodput(
     models: ModelPair,
     draft,
     max_k: int | str | None = None,
-    memory: float | str = 0.8,
+    memory: float | str = 0.95,
     window: int | str = 9,
-    probe_gap: int | str = 16,
+    probe_share: float | str = 0.01,
     latency_profile: str | None = None,
     sv_profile: str | None = None,
     companion: str | None = None,
@@ -152,11 +152,12 @@ def make_goodput(
     acceptance with `memory` per step; T(n) is learned over the last `window` steps per size,
     from the prior curve of `latency_profile` (a `specpilot profile` or `profile-sv` JSON;
     default: the SV profile if given, else the cached `specpilot profile` of this target and
-    dtype, if any). With `sv_profile` (and `companion`) SV then trims what was drafted."""
+    dtype, if any); probes while nothing drafts cost about `probe_share` of throughput. With
+    `sv_profile` (and `companion`) SV then trims what was drafted."""
     if unknown:
         raise ConfigError(
             f"unknown goodput option(s) {', '.join(sorted(unknown))} (options: max_k, memory, "
-            "window, probe_gap, latency_profile, sv_profile, companion, plus_one)"
+            "window, probe_share, latency_profile, sv_profile, companion, plus_one)"
         )
     try:
         depth = getattr(draft, "default_budget", None) or GOODPUT_MAX_K
@@ -164,7 +165,7 @@ def make_goodput(
             max_k=int(max_k) if max_k is not None else min(depth, GOODPUT_MAX_K),
             memory=float(memory),
         )
-        window, probe_gap = int(window), int(probe_gap)
+        window, probe_share = int(window), float(probe_share)
     except ValueError as error:
         raise ConfigError(f"goodput option: {error}") from None
     verify_policy = None
@@ -174,7 +175,7 @@ def make_goodput(
         joint=getattr(draft, "drafts_jointly", False),
         verify_prior=_verify_prior(models, latency_profile or sv_profile),
         window=window,
-        probe_gap=probe_gap,
+        probe_share=probe_share,
     )
     return row, controller, verify_policy
 

@@ -26,7 +26,7 @@ from specpilot.engine import SpeculativeEngine
 from specpilot.engine.scheduler import Scheduler
 from specpilot.models.decoder import DecoderRunner
 from specpilot.policies import ConstantPolicy
-from specpilot.policies.controller import GoodputController, GoodputPolicy
+from specpilot.policies.controller import EXPLORE_SAMPLES, GoodputController, GoodputPolicy
 from specpilot.policies.goodput import VerifyLatency
 from specpilot.policies.sv import SvVerifyPolicy
 
@@ -177,14 +177,15 @@ def test_controller_greedy_identity(target, reference, kind, batch_size):
 
 def test_controller_waits_when_verification_is_dear(target, reference):
     """On a machine where each verified token costs as much as a step, drafting never pays:
-    after the first probes (one row, until a drafting step is timed) every step is plain but
-    for one probe, in one row."""
+    every drafting step is a probe (one token in one row): until a drafting step is timed, then
+    until the first position's acceptance is known (EXPLORE_SAMPLES), then now and then."""
     engine = engine_for("model", target, GoodputPolicy(max_k=6), None)
     engine.planner = SyntheticTimes(True, slope=0.01)
     results = engine.generate_batch(PROMPTS, GenerationConfig(max_new_tokens=MAX_NEW))
     assert [r.token_ids for r in results] == reference
-    explored = [plan for plan in engine.planner.plans[3:] if any(plan)]
-    assert len(explored) <= 1 and all(sorted(plan)[-2:] == [0, 1] for plan in explored)
+    explored = [plan for plan in engine.planner.plans if any(plan)]
+    assert all(sorted(plan)[-2:] == [0, 1] for plan in explored)
+    assert len(explored) <= EXPLORE_SAMPLES + 4
 
 
 def sampling_engine(batch_size: int = 1, **timing):
@@ -198,7 +199,7 @@ def sampling_engine(batch_size: int = 1, **timing):
         ModelDrafter(DecoderRunner(perturbed(model, 1.0), batch_size=batch_size)),
         GoodputPolicy(max_k=3),
         eos_ids=set(),
-        planner=SyntheticTimes(True, **{"slope": 1e-4, **timing}, probe_gap=2),
+        planner=SyntheticTimes(True, **{"slope": 1e-4, **timing}, probe_share=0.5),
     )
     return engine, model
 

@@ -15,6 +15,8 @@ from specpilot.bench.profile import profile_cache_path
 from specpilot.cli import main
 from specpilot.errors import ConfigError
 from specpilot.policies.controller import (
+    EXPLORE_SAMPLES,
+    MAX_PROBE_GAP,
     PRIOR_ACCEPTANCE,
     RESUME_HORIZON,
     AcceptanceByPosition,
@@ -164,9 +166,9 @@ def test_acceptance_by_position_counts_only_tested_positions():
 
 def test_row_policy_learns_its_acceptance_and_resets():
     policy = GoodputPolicy(max_k=4, memory=0.95)
-    for _ in range(10):
+    for _ in range(40):  # a row's own text outweighs the batch-wide prior (8 pseudo-steps)
         policy.observe(StepRecord(4, 4, 4, 5, 0.0, 0.0, 10, 4))
-    assert min(policy.forecast([0.1] * 4)) > 0.8
+    assert min(policy.forecast([0.1] * 4)) > 0.7
     policy.reset()
     assert policy.forecast([0.1] * 4) == pytest.approx([0.1] * 4)
     with pytest.raises(ConfigError, match="max_k"):
@@ -214,15 +216,33 @@ def test_stop_gain_is_what_a_position_costs_at_the_planned_goodput():
 
 
 def test_first_step_is_plain_and_idle_steps_lead_to_a_probe():
-    c = GoodputController(joint=True, probe_gap=2)
+    c = GoodputController(joint=True, probe_share=0.45)
     policies = [GoodputPolicy(max_k=4) for _ in range(2)]
     assert c.plan(policies, [4, 4]) == [0, 0]  # nothing measured: the plain step first
     c.observe([0, 0], [StepRecord(0, 0, 0, 1, 0.0, 0.0, 5, 0)] * 2, 0.0, 1.0, 1.0)
     c.draft.add(1, 10.0)  # drafting is hopeless
-    plans = [c.plan(policies, [4, 4]) for _ in range(3)]
-    assert plans == [[0, 0], [0, 0], [1, 0]]  # after probe_gap idle steps, one row probes
-    assert c.gap == 4  # the next probe waits twice as long
+    c.acceptance.tested = [EXPLORE_SAMPLES]  # and the acceptance is known
+    c.acceptance.accepted = [EXPLORE_SAMPLES / 2]
+    # a probe: 2.5 expected tokens in 10 + 1 s against 2 in 1 s loses 0.886, which at
+    # probe_share 0.45 makes every second step without drafting a probe
+    plans = [c.plan(policies, [4, 4]) for _ in range(4)]
+    assert plans == [[0, 0], [1, 0], [0, 0], [1, 0]]
     assert c.plan(policies, [0, 0]) == [0, 0]
+
+
+def test_probes_are_frequent_where_drafting_nearly_pays():
+    c = GoodputController(joint=True)
+    c.verify.add(1, 1.0)
+    c.verify.add(2, 1.0)
+    probe, catch_up = [1], [0.0]
+    c.draft.add(1, 0.6)  # 1.5 tokens in 1.6 s: loses 6 % against a plain step
+    assert c.probe_gap(probe, [[0.5]], catch_up) == pytest.approx((1 - 1.5 / 1.6) / 0.01)
+    c.draft.add(1, 9.0)
+    c.draft.add(1, 9.0)  # hopeless: rare
+    assert c.probe_gap(probe, [[0.5]], catch_up) == pytest.approx((1 - 1.5 / 10.0) / 0.01)
+    c.probe_share = 0.001
+    assert c.probe_gap(probe, [[0.5]], catch_up) == MAX_PROBE_GAP
+    assert c.probe_gap([0], [[]], catch_up) == float("inf")
     with pytest.raises(ConfigError, match="GoodputPolicy"):
         c.plan([object(), object()], [4, 4])
 
@@ -246,8 +266,9 @@ def test_steps_that_catch_the_drafter_up_teach_the_catch_up_cost_not_draft_time(
     assert c.draft(1) == pytest.approx(0.2)
     c.draft.add(1, 10.0)
     c.draft.add(1, 10.0)  # drafting now looks hopeless: the row stops, then resumes with a probe
+    c.acceptance.tested, c.acceptance.accepted = [EXPLORE_SAMPLES], [EXPLORE_SAMPLES / 2]
     assert c.plan(policies, [4]) == [0] and not policies[0].drafted_last
-    c.idle = c.gap
+    c.probe_share = 1.0  # probe at the next idle step
     assert c.plan(policies, [4]) == [1] and c.resuming == 1
     c.observe([1], [record], draft_s=10.0 + 3.0, verify_s=1.0, step_s=14.0)
     assert list(c.resume) == [3.0]  # the catch-up beyond T_draft(1)

@@ -21,6 +21,7 @@ sampling a batched row keeps the target's distribution but not its solo tokens (
 from __future__ import annotations
 
 import itertools
+import math
 import operator
 import statistics
 from collections import deque
@@ -44,6 +45,15 @@ FINISH_POOLING = 8.0
 batch soonest: that plan follows the row needing the most steps, and the least of several noisy
 estimates is biased low, so rows' own few steps count for less there (untuned)."""
 
+EXPLORE_SAMPLES = 8
+"""Verified first positions the batch-wide acceptance needs before the controller trusts it to
+stop drafting: until then every step without drafting is a one-token probe. A few early
+rejections would otherwise stop drafting for good, where drafting pays by a small margin (a
+draft model costing ~0.4 of a target step): idle steps teach nothing, and probes grow rare."""
+
+MAX_PROBE_GAP = 512
+"""The most steps without drafting between two probes."""
+
 RESUME_HORIZON = 16
 """Steps a row that resumes drafting is expected to go on drafting: the one-time cost of
 catching its drafter up is charged to a plan at 1/RESUME_HORIZON of it per step (untuned)."""
@@ -60,6 +70,10 @@ class AcceptanceByPosition:
         self.memory = memory
         self.accepted: list[float] = []
         self.tested: list[float] = []
+
+    def tested_first(self) -> float:
+        """Weighted count of steps that verified position 1."""
+        return self.tested[0] if self.tested else 0.0
 
     def add(self, verified: int, accepted: int) -> None:
         self.accepted = [x * self.memory for x in self.accepted]
@@ -111,8 +125,11 @@ class ConfidenceCalibration:
 @dataclass
 class GoodputPolicy:
     """A row's draft policy under the controller: drafts up to the budget the controller gives
-    it (at most `max_k`) and keeps the row's own acceptance by position (`memory` per step, a
-    few pseudo-steps of the batch-wide estimate as its prior).
+    it (at most `max_k`) and keeps the row's own acceptance by position (`memory` per step,
+    `strength` pseudo-steps of the batch-wide estimate as its prior). Both are long: a request's
+    text sets its level, but a rejection does not predict the next (with the 0.5B draft,
+    position 1 was accepted 79 % of the time after a rejection, 71 % after an acceptance, on six
+    training prompts), so a row that stopped at its first rejections lost to constant k = 1.
 
     Drafter confidence: before drawing each token from draft logits, the acceptance it forecasts
     is refined by the draft's confidence there (ConfidenceCalibration), and drafting stops when
@@ -121,8 +138,8 @@ class GoodputPolicy:
     distribution before its token is drawn: lossless (docs/methods.md §1.2)."""
 
     max_k: int = 8
-    memory: float = 0.8
-    strength: float = 2.0
+    memory: float = 0.95
+    strength: float = 8.0
     acceptance: AcceptanceByPosition = field(init=False, repr=False)
     drafted_last: bool = field(default=False, init=False, repr=False)
     """Whether the controller let this row draft on its last step (its drafter is caught up)."""
@@ -190,10 +207,15 @@ class GoodputController:
     `joint`: the drafter's forwards serve all drafting rows at once (a draft model or DVI
     drafting chains), so drafting costs as much as the deepest budget; otherwise rows draft one
     after another (eagle, dynamic trees, n-gram lookup) and the cost follows the total.
-    `verify_prior`: (tokens, seconds) points of a profiled T_verify. `probe_gap`: after that
-    many steps in which no row drafted, one row drafts one token, to learn whether drafting pays
-    now (the gap doubles after each probe, up to 32 times, so the probes cost little). Until a
-    drafting step has been timed, every step is such a probe: an unknown T_draft is not free.
+    `verify_prior`: (tokens, seconds) points of a profiled T_verify. Probes: while no row
+    drafts, now and then one row drafts one token, to learn whether drafting pays now (estimates
+    left alone go stale: idle steps teach nothing). The gap between probes is the probe's
+    expected loss against a plain step over `probe_share` (probe_gap), so probing costs about
+    that share of throughput: rare where drafting is hopeless, every step or two where it nearly
+    pays (there a wrong estimate costs most). Until a drafting step has been timed, every step is
+    a probe (an unknown T_draft is not free), and so is every step that would not draft before
+    EXPLORE_SAMPLES first positions are verified. The batch-wide acceptance learns from rows that
+    drafted only (`memory` per such row).
 
     Catching up: a row that did not draft on its last step first catches its drafter up, once:
     a draft model reads the whole prompt when the request first drafts (`start`), or the few
@@ -209,9 +231,9 @@ class GoodputController:
         window: int = 9,
         memory: float = 0.98,
         strength: float = 2.0,
-        probe_gap: int = 16,
+        probe_share: float = 0.01,
     ) -> None:
-        require(probe_gap >= 1, f"goodput probe_gap must be >= 1, got {probe_gap}")
+        require(0 < probe_share <= 1, f"goodput probe_share must be in (0, 1], got {probe_share}")
         self.joint = joint
         self.verify = LatencyCurve(verify_prior, window)
         self.draft = LatencyCurve(window=window, proportional=True)
@@ -228,7 +250,7 @@ class GoodputController:
         """Seconds of catch-up per row drafting for the first time in its request."""
         self.resume: deque[float] = deque(maxlen=window)
         """Seconds of catch-up per row resuming after steps without drafting."""
-        self.probe_gap = self.gap = probe_gap
+        self.probe_share = probe_share
         self.idle = 0
         self.starting = self.resuming = 0
         """Rows that start or resume drafting in the step planned last (its draft time is not
@@ -259,19 +281,18 @@ class GoodputController:
             for policy, cap in zip(policies, caps, strict=True)
         ]
         catch_up = [self.catch_up(policy) for policy in policies]
-        if self.idle >= self.gap or not self.draft.points():
-            if self.idle >= self.gap:
-                self.idle, self.gap = 0, min(2 * self.gap, 32 * self.probe_gap)
-            budgets, stop_gain = self._probe(forecasts, policies), 0.0
+        probe = self._probe(forecasts, policies)
+        if not self.draft.points():
+            budgets, stop_gain = probe, 0.0
         else:
             if finish:
                 budgets, stop_gain = self.finish_plan(forecasts, catch_up, remaining)
             else:
                 budgets, stop_gain = self.best_plan(forecasts, catch_up)
-            if any(budgets):
-                self.idle, self.gap = 0, self.probe_gap
-            else:
-                self.idle += 1
+            self.idle = 0 if any(budgets) else self.idle + 1
+            exploring = self.acceptance.tested_first() < EXPLORE_SAMPLES
+            if self.idle and (exploring or self.idle >= self.probe_gap(probe, forecasts, catch_up)):
+                budgets, stop_gain, self.idle = probe, 0.0, 0
         for policy, forecast in zip(policies, forecasts, strict=True):
             policy.prepare(forecast, stop_gain, self.calibration)
         return self._remember(policies, budgets)
@@ -283,6 +304,22 @@ class GoodputController:
             return 0.0
         samples = self.resume if policy.drafted_ever else self.start or self.resume
         return statistics.median(samples) if samples else 0.0
+
+    def probe_gap(
+        self, probe: Sequence[int], forecasts: Sequence[Sequence[float]], catch_up: Sequence[float]
+    ) -> float:
+        """Steps without drafting before this probe: its expected loss against a plain step
+        (1 − its goodput / plain goodput, by the current estimates, the row's catch-up paid
+        whole) over `probe_share`, at most MAX_PROBE_GAP."""
+        if not any(probe):
+            return math.inf
+        q = probe.index(1)
+        rows = len(probe)
+        other = statistics.median(self.other) if self.other else 0.0
+        plain = rows / (other + self.verify(rows))
+        seconds = other + self.draft(1) + catch_up[q] + self.verify(rows + self.nodes(1))
+        loss = max(1.0 - (rows + forecasts[q][0]) / seconds / plain, 0.0)
+        return min(loss / self.probe_share, MAX_PROBE_GAP)
 
     @staticmethod
     def _probe(forecasts: Sequence[Sequence[float]], policies: Sequence) -> list[int]:
@@ -467,5 +504,6 @@ class GoodputController:
             if budget > 0:
                 known = self.nodes_by_budget.get(budget, record.num_nodes)
                 self.nodes_by_budget[budget] = 0.9 * known + 0.1 * record.num_nodes
-        for record in records:
-            self.acceptance.add(record.num_verified, record.num_accepted)
+        for record in records:  # a row that drafted nothing says nothing about the drafter
+            if record.num_verified:
+                self.acceptance.add(record.num_verified, record.num_accepted)
