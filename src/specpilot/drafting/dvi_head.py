@@ -30,7 +30,8 @@ from torch import nn
 from specpilot.config import require
 from specpilot.errors import ConfigError
 from specpilot.files import replace_folder
-from specpilot.models.decoder import DecoderRunner, _linear
+from specpilot.models.decoder import DecoderRunner
+from specpilot.models.gemm import linear
 
 META_FILE = "specpilot_dvi.json"
 SCALE_FILE = "logit_scale.safetensors"
@@ -141,7 +142,7 @@ class DraftHead(nn.Module):
         lora_b = self.lora.lora_B["default"].weight
         if self.token_ids is not None:
             lora_b = lora_b[self.token_ids]
-        base = _linear(x, self.rows, None).to(lora_a.dtype)
+        base = linear(x, self.rows, None).to(lora_a.dtype)
         low_rank = self.lora.lora_dropout["default"](x.to(lora_a.dtype)) @ lora_a.t()
         logits = base + self.lora.scaling["default"] * (low_rank @ lora_b.t())
         return logits * self.log_scale.exp()

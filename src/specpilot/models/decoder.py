@@ -28,21 +28,12 @@ import torch
 import torch.nn.functional as F
 
 from specpilot.errors import PromptError
+from specpilot.models.gemm import GemmPlan, linear, plan_for
 from specpilot.models.runner import LogitRows, RunnerOutput
 from specpilot.models.synced_cache import CachedTokens
 from specpilot.tree import tree_depths, tree_mask
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
-
-
-def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """x: [n, in] → [n, out]. On CPU, oneDNN's bf16 `F.linear` streams weights slowly; measured
-    here, `torch.mv` (one row) and `weight @ x.T` (several rows) are 1.4-1.6x faster for 1-256
-    rows, which is what makes verifying k tokens cost about as much as decoding one."""
-    if x.device.type != "cpu":
-        return F.linear(x, weight, bias)
-    out = torch.mv(weight, x[0])[None] if x.shape[0] == 1 else torch.mm(weight, x.t()).t()
-    return out if bias is None else out + bias
 
 
 @dataclass
@@ -106,6 +97,8 @@ class DecoderRunner:
         self.lm_head = hf_model.lm_head.weight.detach()
         self.vocab_size = self.lm_head.shape[0]
         self.layers = [self._fuse(layer) for layer in inner.layers]
+        self.gemm_plan: GemmPlan | None = plan_for(self.layers[0].gate_up) if self.layers else None
+        """How this CPU multiplies these weights by a few rows fastest (models.gemm)."""
         rotary = inner.rotary_emb
         positions = torch.arange(self.max_length, device=self.device, dtype=torch.float32)
         freqs = torch.outer(positions, rotary.inv_freq.float().to(self.device))
@@ -194,10 +187,11 @@ class DecoderRunner:
         return x * cos + rotated * sin
 
     def _attention(self, i: int, layer: _Layer, x, segments: list[_Segment]) -> torch.Tensor:
-        qkv = _linear(x, layer.qkv, layer.qkv_bias)
+        qkv = linear(x, layer.qkv, layer.qkv_bias, self.gemm_plan)
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         outs = [self._segment_attention(i, qkv[seg.rows], seg, q_size, kv_size) for seg in segments]
-        return _linear(outs[0] if len(outs) == 1 else torch.cat(outs), layer.o, layer.o_bias)
+        attended = outs[0] if len(outs) == 1 else torch.cat(outs)
+        return linear(attended, layer.o, layer.o_bias, self.gemm_plan)
 
     def _segment_attention(self, i: int, qkv, seg: _Segment, q_size: int, kv_size: int):
         """One row's new tokens attend to its own slot: write its keys/values, then attend."""
@@ -229,8 +223,9 @@ class DecoderRunner:
     def _layer(self, i: int, x, segments: list[_Segment]) -> torch.Tensor:
         layer = self.layers[i]
         x = x + self._attention(i, layer, self._rms_norm(x, layer.input_norm), segments)
-        gate, up = _linear(self._rms_norm(x, layer.post_norm), layer.gate_up, None).chunk(2, dim=-1)
-        return x + _linear(F.silu(gate) * up, layer.down, None)
+        normed = self._rms_norm(x, layer.post_norm)
+        gate, up = linear(normed, layer.gate_up, None, self.gemm_plan).chunk(2, dim=-1)
+        return x + linear(F.silu(gate) * up, layer.down, None, self.gemm_plan)
 
     def logits_from_hidden(
         self, hidden: torch.Tensor, head: torch.Tensor | None = None
@@ -238,7 +233,7 @@ class DecoderRunner:
         """[rows, hidden] last-layer output → [rows, vocab] float32 logits (`head`: other LM-head
         rows, e.g. a reduced draft vocabulary)."""
         head = self.lm_head if head is None else head
-        return _linear(self._rms_norm(hidden, self.final_norm), head, None).float()
+        return linear(self._rms_norm(hidden, self.final_norm), head, None, self.gemm_plan).float()
 
     # -- forward -----------------------------------------------------------------------------
     @torch.inference_mode()

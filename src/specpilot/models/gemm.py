@@ -1,0 +1,164 @@
+"""How a CPU multiplies a weight by a few rows fastest: measured once per machine, not assumed.
+
+Verification lives on T(n), the cost of one target forward over n tokens, and a CPU's matrix
+kernels make it irregular. Measured on an AVX2-only AMD EPYC in float32 (Qwen2.5-Coder-1.5B,
+whole forward): with the rows column-major (how the previous matrix product leaves them),
+T(2) = 1.7 T(1), T(4) = 1.55 T(1), T(15) = 4.4 T(1) but T(16) = 2.2 T(1); with the rows made
+row-major first, T(2) ≈ T(4) ≈ T(1). Which layout wins, and which row counts are cheap, depend
+on the CPU, the dtype and the kernel library, so a `GemmPlan` is measured on the model's own
+largest weight: for each row count n, the layout and the row count m ≥ n to feed (zero rows
+appended, their outputs dropped) that ran fastest. Each output row depends only on its input
+row, so a plan changes kernels, not what is computed.
+
+Measuring takes seconds, so a plan is kept on disk per CPU (model name and flags), torch
+version, thread count, dtype and weight shape, and only weights large enough for streaming them
+to dominate (`MIN_BYTES`) get one; smaller ones keep the plain product.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+MAX_ROWS = 48
+"""Largest row count a plan covers (a batch of 16 verifying two tokens each); beyond it the
+rows are fed as they come."""
+
+MIN_BYTES = 16 * 2**20
+"""Weights smaller than this get no plan: the product is not bound by streaming the weight."""
+
+MIN_SAVING = 0.1
+"""A layout or padding other than the plain one is kept only when it measured this much faster
+(a wrong choice from a noisy timing would cost every step)."""
+
+LAYOUTS = ("row", "column")
+
+
+@dataclass(frozen=True)
+class GemmPlan:
+    """For n = 1..len(rows): `rows[n-1]` rows fed (n plus zero padding) in `layouts[n-1]`
+    ("row": x row-major, "column": x column-major). One row always goes to `torch.mv`."""
+
+    rows: tuple[int, ...]
+    layouts: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.rows) != len(self.layouts):
+            raise ValueError("a GemmPlan needs one layout per row count")
+        for n, (m, layout) in enumerate(zip(self.rows, self.layouts, strict=True), start=1):
+            if m < n or layout not in LAYOUTS:
+                raise ValueError(f"bad GemmPlan entry for {n} rows: {m} rows, {layout!r}")
+
+    @classmethod
+    def choose(cls, seconds: dict[str, list[float]]) -> GemmPlan:
+        """The plan from measured seconds per layout and row count (index n−1): per n, the
+        fastest (layout, m ≥ n), unless it saves less than MIN_SAVING over feeding n rows in
+        the layout that is fastest at n alone. One row is not planned (`torch.mv`)."""
+        sizes = len(next(iter(seconds.values())))
+        rows, layouts = [1], ["row"]
+        for n in range(2, sizes + 1):
+            plain = min(LAYOUTS, key=lambda layout: seconds[layout][n - 1])
+            best = min(
+                ((layout, m) for layout in LAYOUTS for m in range(n, sizes + 1)),
+                key=lambda choice: seconds[choice[0]][choice[1] - 1],
+            )
+            if seconds[best[0]][best[1] - 1] > (1 - MIN_SAVING) * seconds[plain][n - 1]:
+                best = (plain, n)
+            layouts.append(best[0])
+            rows.append(best[1])
+        return cls(tuple(rows), tuple(layouts))
+
+    def to_json(self) -> dict:
+        return {"rows": list(self.rows), "layouts": list(self.layouts)}
+
+    @classmethod
+    def from_json(cls, data: dict) -> GemmPlan:
+        return cls(tuple(int(m) for m in data["rows"]), tuple(str(s) for s in data["layouts"]))
+
+
+def linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, plan: GemmPlan | None = None
+) -> torch.Tensor:
+    """x: [n, in] → [n, out]. On CPU as `weight @ x.T` (one row: `torch.mv`), following `plan`
+    for the row count when it covers it: oneDNN's bf16 `F.linear` streams weights slowly, and
+    measured on a Xeon, `mv` and `weight @ x.T` were 1.4-1.6x faster for 1-256 rows."""
+    if x.device.type != "cpu":
+        return torch.nn.functional.linear(x, weight, bias)
+    n = x.shape[0]
+    if n == 1:
+        out = torch.mv(weight, x[0])[None]
+    else:
+        if plan is not None and n <= len(plan.rows):
+            fed, layout = plan.rows[n - 1], plan.layouts[n - 1]
+            if fed > n:
+                x = torch.cat([x, x.new_zeros(fed - n, x.shape[1])])
+            x = x.contiguous() if layout == "row" else x.t().contiguous().t()
+        out = torch.mm(weight, x.t()).t()[:n]
+    return out if bias is None else out + bias
+
+
+def _timed(weight: torch.Tensor, x: torch.Tensor, repeats: int) -> float:
+    torch.mm(weight, x.t())  # warm-up for this shape
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        torch.mm(weight, x.t())
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def measure(weight: torch.Tensor, max_rows: int = MAX_ROWS, repeats: int = 3) -> GemmPlan:
+    """Time `weight @ x.T` for 1..max_rows rows in both layouts and choose (GemmPlan.choose)."""
+    seconds: dict[str, list[float]] = {layout: [math.inf] for layout in LAYOUTS}  # 1 row: mv
+    for n in range(2, max_rows + 1):
+        x = torch.randn(n, weight.shape[1], dtype=weight.dtype, device=weight.device)
+        seconds["row"].append(_timed(weight, x.contiguous(), repeats))
+        seconds["column"].append(_timed(weight, x.t().contiguous().t(), repeats))
+    return GemmPlan.choose(seconds)
+
+
+def _machine_key(weight: torch.Tensor) -> str:
+    """Everything a plan depends on, hashed: CPU model and flags, torch, threads, dtype, shape."""
+    cpu = ""
+    try:
+        with open("/proc/cpuinfo") as info:
+            lines = [line for line in info if line.startswith(("model name", "flags"))]
+        cpu = "".join(sorted(set(lines)))
+    except OSError:
+        pass
+    text = "|".join(
+        [cpu, torch.__version__, str(torch.get_num_threads()), str(weight.dtype), str(weight.shape)]
+    )
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def plan_for(weight: torch.Tensor) -> GemmPlan | None:
+    """The plan for products with this weight on this machine: from the disk cache, else
+    measured and cached; None off the CPU, for weights under MIN_BYTES, or when
+    SPECPILOT_GEMM_PLAN=0."""
+    from specpilot.models.offline import cache_root
+
+    if weight.device.type != "cpu" or os.environ.get("SPECPILOT_GEMM_PLAN") == "0":
+        return None
+    if weight.numel() * weight.element_size() < MIN_BYTES:
+        return None
+    path = cache_root() / "gemm" / f"{_machine_key(weight)}.json"
+    try:
+        return GemmPlan.from_json(json.loads(path.read_text()))
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # absent or unreadable: measure again
+    plan = measure(weight)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as tmp:
+        json.dump(plan.to_json(), tmp)
+    Path(tmp.name).replace(path)
+    return plan
