@@ -37,6 +37,7 @@ from torch import nn
 from specpilot.config import require
 from specpilot.errors import ConfigError
 from specpilot.files import ArtefactKind, replace_folder, resolve_artefact
+from specpilot.models.gemm import linear
 
 COMMITTED_HEADS = Path(__file__).resolve().parent.parent / "heads"
 """Heads shipped with the package, one folder per offline target name."""
@@ -165,15 +166,6 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
-
-
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None):
-    """x @ W.T (+ b). For inference on CPU, `W @ x.T` streams bf16 weights faster than F.linear
-    (models/decoder.py measured it); autograd takes the plain path."""
-    if x.requires_grad or weight.requires_grad or x.device.type != "cpu":
-        return F.linear(x, weight, bias)
-    out = torch.mm(weight, x.t()).t()
-    return out if bias is None else out + bias
 
 
 class EagleHead(nn.Module):

@@ -91,8 +91,8 @@ def linear(
     """x: [n, in] → [n, out]. On CPU as `weight @ x.T` (one row: `torch.mv`), following `plan`
     for the row count when it covers it: oneDNN's bf16 `F.linear` streams weights slowly, and
     measured on a Xeon, `mv` and `weight @ x.T` were 1.4-1.6x faster for 1-256 rows."""
-    if x.device.type != "cpu":
-        return torch.nn.functional.linear(x, weight, bias)
+    if x.requires_grad or weight.requires_grad or x.device.type != "cpu":
+        return torch.nn.functional.linear(x, weight, bias)  # autograd and GPUs: the plain path
     n = x.shape[0]
     if n == 1:
         out = torch.mv(weight, x[0])[None]
