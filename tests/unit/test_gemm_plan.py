@@ -73,13 +73,10 @@ def test_runner_following_a_plan_decodes_the_same_tokens():
 def test_plan_is_measured_once_and_cached(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECPILOT_CACHE", str(tmp_path))
     monkeypatch.setattr(gemm, "MIN_BYTES", 0)
-    monkeypatch.setattr(gemm, "MAX_ROWS", 4)
     calls = []
     real = gemm.measure
-    monkeypatch.setattr(
-        gemm, "measure", lambda w: calls.append(1) or real(w, max_rows=4, repeats=1)
-    )
-    weight = torch.randn(64, 32)
+    monkeypatch.setattr(gemm, "measure", lambda w: calls.append(1) or real(w, max_rows=4, rounds=1))
+    weight = [torch.randn(64, 32), torch.randn(32, 48)]  # a layer's two MLP products
     first = gemm.plan_for(weight)
     assert first is not None and len(first.rows) == 4 and len(calls) == 1
     assert gemm.plan_for(weight) == first and len(calls) == 1  # from the disk cache

@@ -97,8 +97,11 @@ class DecoderRunner:
         self.lm_head = hf_model.lm_head.weight.detach()
         self.vocab_size = self.lm_head.shape[0]
         self.layers = [self._fuse(layer) for layer in inner.layers]
-        self.gemm_plan: GemmPlan | None = plan_for(self.layers[0].gate_up) if self.layers else None
-        """How this CPU multiplies these weights by a few rows fastest (models.gemm)."""
+        self.gemm_plan: GemmPlan | None = None
+        """How this CPU multiplies these weights by a few rows fastest (models.gemm), timed on
+        the MLP's two products, most of a step's weight bytes."""
+        if self.layers:
+            self.gemm_plan = plan_for([self.layers[0].gate_up, self.layers[0].down])
         rotary = inner.rotary_emb
         positions = torch.arange(self.max_length, device=self.device, dtype=torch.float32)
         freqs = torch.outer(positions, rotary.inv_freq.float().to(self.device))

@@ -21,9 +21,9 @@ import hashlib
 import json
 import math
 import os
-import statistics
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -106,27 +106,33 @@ def linear(
     return out if bias is None else out + bias
 
 
-def _timed(weight: torch.Tensor, x: torch.Tensor, repeats: int) -> float:
-    torch.mm(weight, x.t())  # warm-up for this shape
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
+def _seconds(weights: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]) -> float:
+    start = time.perf_counter()
+    for weight, x in zip(weights, inputs, strict=True):
         torch.mm(weight, x.t())
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return time.perf_counter() - start
 
 
-def measure(weight: torch.Tensor, max_rows: int = MAX_ROWS, repeats: int = 3) -> GemmPlan:
-    """Time `weight @ x.T` for 1..max_rows rows in both layouts and choose (GemmPlan.choose)."""
-    seconds: dict[str, list[float]] = {layout: [math.inf] for layout in LAYOUTS}  # 1 row: mv
+def measure(weights: Sequence[torch.Tensor], max_rows: int = MAX_ROWS, rounds: int = 3) -> GemmPlan:
+    """Time `weight @ x.T` over all `weights` for 2..max_rows rows in both layouts and choose
+    (GemmPlan.choose). Every (rows, layout) is timed once per round, after a warm-up round,
+    and keeps its fastest round: noise from other work on the machine only adds time, and a
+    burst of it then spoils one round of every size alike, not one size's every sample."""
+    inputs = {}
     for n in range(2, max_rows + 1):
-        x = torch.randn(n, weight.shape[1], dtype=weight.dtype, device=weight.device)
-        seconds["row"].append(_timed(weight, x.contiguous(), repeats))
-        seconds["column"].append(_timed(weight, x.t().contiguous().t(), repeats))
+        rows = [torch.randn(n, w.shape[1], dtype=w.dtype, device=w.device) for w in weights]
+        inputs[n] = {"row": rows, "column": [x.t().contiguous().t() for x in rows]}
+    seconds = {layout: [math.inf] * max_rows for layout in LAYOUTS}  # 1 row: torch.mv
+    for round_ in range(rounds + 1):
+        for n, layouts in inputs.items():
+            for layout, xs in layouts.items():
+                elapsed = _seconds(weights, xs)
+                if round_:
+                    seconds[layout][n - 1] = min(seconds[layout][n - 1], elapsed)
     return GemmPlan.choose(seconds)
 
 
-def _machine_key(weight: torch.Tensor) -> str:
+def _machine_key(weights: Sequence[torch.Tensor]) -> str:
     """Everything a plan depends on, hashed: CPU model and flags, torch, threads, dtype, shape."""
     cpu = ""
     try:
@@ -136,27 +142,28 @@ def _machine_key(weight: torch.Tensor) -> str:
     except OSError:
         pass
     text = "|".join(
-        [cpu, torch.__version__, str(torch.get_num_threads()), str(weight.dtype), str(weight.shape)]
+        [cpu, torch.__version__, str(torch.get_num_threads()), str(weights[0].dtype)]
+        + [str(tuple(weight.shape)) for weight in weights]
     )
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def plan_for(weight: torch.Tensor) -> GemmPlan | None:
-    """The plan for products with this weight on this machine: from the disk cache, else
-    measured and cached; None off the CPU, for weights under MIN_BYTES, or when
-    SPECPILOT_GEMM_PLAN=0."""
+def plan_for(weights: Sequence[torch.Tensor]) -> GemmPlan | None:
+    """The plan for products with these weights (a layer's largest, timed together) on this
+    machine: from the disk cache, else measured and cached; None off the CPU, when the largest
+    weight is under MIN_BYTES, or when SPECPILOT_GEMM_PLAN=0."""
     from specpilot.models.offline import cache_root
 
-    if weight.device.type != "cpu" or os.environ.get("SPECPILOT_GEMM_PLAN") == "0":
+    if weights[0].device.type != "cpu" or os.environ.get("SPECPILOT_GEMM_PLAN") == "0":
         return None
-    if weight.numel() * weight.element_size() < MIN_BYTES:
+    if max(weight.numel() * weight.element_size() for weight in weights) < MIN_BYTES:
         return None
-    path = cache_root() / "gemm" / f"{_machine_key(weight)}.json"
+    path = cache_root() / "gemm" / f"{_machine_key(weights)}.json"
     try:
         return GemmPlan.from_json(json.loads(path.read_text()))
     except (OSError, ValueError, KeyError, TypeError):
         pass  # absent or unreadable: measure again
-    plan = measure(weight)
+    plan = measure(weights)
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as tmp:
         json.dump(plan.to_json(), tmp)
