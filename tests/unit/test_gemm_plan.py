@@ -61,7 +61,7 @@ def test_runner_following_a_plan_decodes_the_same_tokens():
     expected = plain.generate(prompt, config).token_ids
     plan = GemmPlan(tuple([1] + [8] * 7), ("row", "column") * 4)
     runner, draft_runner = DecoderRunner(target), DecoderRunner(draft)
-    runner.gemm_plan = draft_runner.gemm_plan = plan
+    runner.gemm_plans = draft_runner.gemm_plans = {"gate_up": plan, "down": plan}
     engine = SpeculativeEngine(
         runner, TinyTokenizer(), ModelDrafter(draft_runner), ConstantPolicy(k=4), eos_ids=set()
     )

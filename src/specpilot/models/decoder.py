@@ -97,11 +97,13 @@ class DecoderRunner:
         self.lm_head = hf_model.lm_head.weight.detach()
         self.vocab_size = self.lm_head.shape[0]
         self.layers = [self._fuse(layer) for layer in inner.layers]
-        self.gemm_plan: GemmPlan | None = None
-        """How this CPU multiplies these weights by a few rows fastest (models.gemm), timed on
-        the MLP's two products, most of a step's weight bytes."""
+        self.gemm_plans: dict[str, GemmPlan | None] = {"gate_up": None, "down": None}
+        """How this CPU multiplies the MLP's weights (most of a step's weight bytes) by a few
+        rows fastest (models.gemm), one plan per product: the best layout differs by shape."""
         if self.layers:
-            self.gemm_plan = plan_for([self.layers[0].gate_up, self.layers[0].down])
+            self.gemm_plans = {
+                name: plan_for([getattr(self.layers[0], name)]) for name in self.gemm_plans
+            }
         rotary = inner.rotary_emb
         positions = torch.arange(self.max_length, device=self.device, dtype=torch.float32)
         freqs = torch.outer(positions, rotary.inv_freq.float().to(self.device))
@@ -190,11 +192,11 @@ class DecoderRunner:
         return x * cos + rotated * sin
 
     def _attention(self, i: int, layer: _Layer, x, segments: list[_Segment]) -> torch.Tensor:
-        qkv = linear(x, layer.qkv, layer.qkv_bias, self.gemm_plan)
+        qkv = linear(x, layer.qkv, layer.qkv_bias)
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         outs = [self._segment_attention(i, qkv[seg.rows], seg, q_size, kv_size) for seg in segments]
         attended = outs[0] if len(outs) == 1 else torch.cat(outs)
-        return linear(attended, layer.o, layer.o_bias, self.gemm_plan)
+        return linear(attended, layer.o, layer.o_bias)
 
     def _segment_attention(self, i: int, qkv, seg: _Segment, q_size: int, kv_size: int):
         """One row's new tokens attend to its own slot: write its keys/values, then attend."""
@@ -227,8 +229,8 @@ class DecoderRunner:
         layer = self.layers[i]
         x = x + self._attention(i, layer, self._rms_norm(x, layer.input_norm), segments)
         normed = self._rms_norm(x, layer.post_norm)
-        gate, up = linear(normed, layer.gate_up, None, self.gemm_plan).chunk(2, dim=-1)
-        return x + linear(F.silu(gate) * up, layer.down, None, self.gemm_plan)
+        gate, up = linear(normed, layer.gate_up, None, self.gemm_plans["gate_up"]).chunk(2, dim=-1)
+        return x + linear(F.silu(gate) * up, layer.down, None, self.gemm_plans["down"])
 
     def logits_from_hidden(
         self, hidden: torch.Tensor, head: torch.Tensor | None = None
@@ -236,7 +238,7 @@ class DecoderRunner:
         """[rows, hidden] last-layer output → [rows, vocab] float32 logits (`head`: other LM-head
         rows, e.g. a reduced draft vocabulary)."""
         head = self.lm_head if head is None else head
-        return linear(self._rms_norm(hidden, self.final_norm), head, None, self.gemm_plan).float()
+        return linear(self._rms_norm(hidden, self.final_norm), head, None).float()
 
     # -- forward -----------------------------------------------------------------------------
     @torch.inference_mode()

@@ -86,7 +86,10 @@ class GemmPlan:
 
 
 def linear(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, plan: GemmPlan | None = None
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    plan: GemmPlan | None = None,
 ) -> torch.Tensor:
     """x: [n, in] → [n, out]. On CPU as `weight @ x.T` (one row: `torch.mv`), following `plan`
     for the row count when it covers it: oneDNN's bf16 `F.linear` streams weights slowly, and
