@@ -76,7 +76,7 @@ def test_plan_is_measured_once_and_cached(tmp_path, monkeypatch):
     calls = []
     real = gemm.measure
     monkeypatch.setattr(gemm, "measure", lambda w: calls.append(1) or real(w, max_rows=4, rounds=1))
-    weight = [torch.randn(64, 32), torch.randn(32, 48)]  # a layer's two MLP products
+    weight = torch.randn(64, 32)
     first = gemm.plan_for(weight)
     assert first is not None and len(first.rows) == 4 and len(calls) == 1
     assert gemm.plan_for(weight) == first and len(calls) == 1  # from the disk cache

@@ -102,7 +102,7 @@ class DecoderRunner:
         rows fastest (models.gemm), one plan per product: the best layout differs by shape."""
         if self.layers:
             self.gemm_plans = {
-                name: plan_for([getattr(self.layers[0], name)]) for name in self.gemm_plans
+                name: plan_for(getattr(self.layers[0], name)) for name in self.gemm_plans
             }
         rotary = inner.rotary_emb
         positions = torch.arange(self.max_length, device=self.device, dtype=torch.float32)

@@ -5,9 +5,10 @@ kernels make it irregular. Measured on an AVX2-only AMD EPYC in float32 (Qwen2.5
 whole forward): with the rows column-major (how the previous matrix product leaves them),
 T(2) = 1.7 T(1), T(4) = 1.55 T(1), T(15) = 4.4 T(1) but T(16) = 2.2 T(1); with the rows made
 row-major first, T(2) ≈ T(4) ≈ T(1). Which layout wins, and which row counts are cheap, depend
-on the CPU, the dtype and the kernel library, so a `GemmPlan` is measured on the model's own
-largest weight: for each row count n, the layout and the row count m ≥ n to feed (zero rows
-appended, their outputs dropped) that ran fastest. Each output row depends only on its input
+on the CPU, the dtype, the kernel library and the weight's shape, so a `GemmPlan` is measured
+for each of the model's MLP weights (most of a step's weight bytes): for each row count n,
+the layout and the row count m ≥ n to feed (zero rows appended, their outputs dropped) that ran
+fastest. Each output row depends only on its input
 row, so a plan changes kernels, not what is computed.
 
 Measuring takes seconds, so a plan is kept on disk per CPU (model name and flags), torch
@@ -23,7 +24,6 @@ import math
 import os
 import tempfile
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -109,33 +109,32 @@ def linear(
     return out if bias is None else out + bias
 
 
-def _seconds(weights: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]) -> float:
+def _seconds(weight: torch.Tensor, x: torch.Tensor) -> float:
     start = time.perf_counter()
-    for weight, x in zip(weights, inputs, strict=True):
-        torch.mm(weight, x.t())
+    torch.mm(weight, x.t())
     return time.perf_counter() - start
 
 
-def measure(weights: Sequence[torch.Tensor], max_rows: int = MAX_ROWS, rounds: int = 3) -> GemmPlan:
-    """Time `weight @ x.T` over all `weights` for 2..max_rows rows in both layouts and choose
+def measure(weight: torch.Tensor, max_rows: int = MAX_ROWS, rounds: int = 3) -> GemmPlan:
+    """Time `weight @ x.T` for 2..max_rows rows in both layouts and choose
     (GemmPlan.choose). Every (rows, layout) is timed once per round, after a warm-up round,
     and keeps its fastest round: noise from other work on the machine only adds time, and a
     burst of it then spoils one round of every size alike, not one size's every sample."""
     inputs = {}
     for n in range(2, max_rows + 1):
-        rows = [torch.randn(n, w.shape[1], dtype=w.dtype, device=w.device) for w in weights]
-        inputs[n] = {"row": rows, "column": [x.t().contiguous().t() for x in rows]}
+        x = torch.randn(n, weight.shape[1], dtype=weight.dtype, device=weight.device)
+        inputs[n] = {"row": x, "column": x.t().contiguous().t()}
     seconds = {layout: [math.inf] * max_rows for layout in LAYOUTS}  # 1 row: torch.mv
     for round_ in range(rounds + 1):
         for n, layouts in inputs.items():
-            for layout, xs in layouts.items():
-                elapsed = _seconds(weights, xs)
+            for layout, x in layouts.items():
+                elapsed = _seconds(weight, x)
                 if round_:
                     seconds[layout][n - 1] = min(seconds[layout][n - 1], elapsed)
     return GemmPlan.choose(seconds)
 
 
-def _machine_key(weights: Sequence[torch.Tensor]) -> str:
+def _machine_key(weight: torch.Tensor) -> str:
     """Everything a plan depends on, hashed: CPU model and flags, torch, threads, dtype, shape."""
     cpu = ""
     try:
@@ -145,28 +144,32 @@ def _machine_key(weights: Sequence[torch.Tensor]) -> str:
     except OSError:
         pass
     text = "|".join(
-        [cpu, torch.__version__, str(torch.get_num_threads()), str(weights[0].dtype)]
-        + [str(tuple(weight.shape)) for weight in weights]
+        [
+            cpu,
+            torch.__version__,
+            str(torch.get_num_threads()),
+            str(weight.dtype),
+            str(tuple(weight.shape)),
+        ]
     )
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def plan_for(weights: Sequence[torch.Tensor]) -> GemmPlan | None:
-    """The plan for products with these weights (a layer's largest, timed together) on this
-    machine: from the disk cache, else measured and cached; None off the CPU, when the largest
-    weight is under MIN_BYTES, or when SPECPILOT_GEMM_PLAN=0."""
+def plan_for(weight: torch.Tensor) -> GemmPlan | None:
+    """The plan for products with `weight` on this machine: from the disk cache, else measured
+    and cached; None off the CPU, for weights under MIN_BYTES, or when SPECPILOT_GEMM_PLAN=0."""
     from specpilot.models.offline import cache_root
 
-    if weights[0].device.type != "cpu" or os.environ.get("SPECPILOT_GEMM_PLAN") == "0":
+    if weight.device.type != "cpu" or os.environ.get("SPECPILOT_GEMM_PLAN") == "0":
         return None
-    if max(weight.numel() * weight.element_size() for weight in weights) < MIN_BYTES:
+    if weight.numel() * weight.element_size() < MIN_BYTES:
         return None
-    path = cache_root() / "gemm" / f"{_machine_key(weights)}.json"
+    path = cache_root() / "gemm" / f"{_machine_key(weight)}.json"
     try:
         return GemmPlan.from_json(json.loads(path.read_text()))
     except (OSError, ValueError, KeyError, TypeError):
         pass  # absent or unreadable: measure again
-    plan = measure(weights)
+    plan = measure(weight)
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as tmp:
         json.dump(plan.to_json(), tmp)
