@@ -97,13 +97,12 @@ class DecoderRunner:
         self.lm_head = hf_model.lm_head.weight.detach()
         self.vocab_size = self.lm_head.shape[0]
         self.layers = [self._fuse(layer) for layer in inner.layers]
-        self.gemm_plans: dict[str, GemmPlan | None] = {"gate_up": None, "down": None}
+        self.gemm_plans: dict[str, GemmPlan | None] = {
+            name: plan_for(getattr(self.layers[0], name)) if self.layers else None
+            for name in ("gate_up", "down")
+        }
         """How this CPU multiplies the MLP's weights (most of a step's weight bytes) by a few
         rows fastest (models.gemm), one plan per product: the best layout differs by shape."""
-        if self.layers:
-            self.gemm_plans = {
-                name: plan_for(getattr(self.layers[0], name)) for name in self.gemm_plans
-            }
         rotary = inner.rotary_emb
         positions = torch.arange(self.max_length, device=self.device, dtype=torch.float32)
         freqs = torch.outer(positions, rotary.inv_freq.float().to(self.device))

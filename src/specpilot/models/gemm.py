@@ -8,8 +8,8 @@ row-major first, T(2) ≈ T(4) ≈ T(1). Which layout wins, and which row counts
 on the CPU, the dtype, the kernel library and the weight's shape, so a `GemmPlan` is measured
 for each of the model's MLP weights (most of a step's weight bytes): for each row count n,
 the layout and the row count m ≥ n to feed (zero rows appended, their outputs dropped) that ran
-fastest. Each output row depends only on its input
-row, so a plan changes kernels, not what is computed.
+fastest. Each output row depends only on its input row, so a plan changes kernels, not what is
+computed.
 
 Measuring takes seconds, so a plan is kept on disk per CPU (model name and flags), torch
 version, thread count, dtype and weight shape, and only weights large enough for streaming them
