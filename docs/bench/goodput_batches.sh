@@ -5,8 +5,9 @@
 # last 32 AlpacaEval instructions of ../shared/data/alpaca_sample.jsonl (no eagle head or SV table
 # trained on them): the first 8 at batch 1 and 2 (a batch-1 run of all six methods costs ~3 min per
 # prompt here), 16 at batch 4 to 16, all 32 at batch 32 so that batch is full.
-# NO_SV=1 leaves SV out (its cost does not depend on the controller). Resumable: re-running it
-# measures only what is missing (same CPU model). Then:
+# NO_SV=1 leaves SV out (its cost does not depend on the controller); K="1 2" sets the constant
+# k's; BATCHES="2 4" the greedy batch sizes (default all); NO_T07=1 leaves the T = 0.7 runs out.
+# Resumable: re-running it measures only what is missing (same CPU model). Then:
 #   specpilot plot-batches $OUT/greedy_b{1,2,4,8,16,32}.json
 #   python docs/bench/batch_table.py $OUT/greedy_b{1,2,4,8,16,32}.json
 set -u
@@ -21,10 +22,13 @@ bench() {  # name, batch, limit, flags...
     --repeats 3 --batch-size "$batch" --quiet "$@" \
     --json-out "$OUT/$name.json" > "$OUT/$name.txt" 2>&1
 }
-GREEDY=(--method sd:k=1 --method sd:k=2 --method sd:k=3 "${SV[@]}" --method sd:policy=goodput)
-for B in 1 2; do bench greedy_b$B $B 8 "${GREEDY[@]}"; done
-for B in 4 8 16; do bench greedy_b$B $B 16 "${GREEDY[@]}"; done
-bench greedy_b32 32 32 "${GREEDY[@]}"
+GREEDY=()
+for k in ${K:-1 2 3}; do GREEDY+=(--method "sd:k=$k"); done
+GREEDY+=("${SV[@]}" --method sd:policy=goodput)
+for B in ${BATCHES:-1 2 4 8 16 32}; do  # 8 prompts at batch 1 and 2, 16 up to 16, 32 at 32
+  bench greedy_b$B "$B" $((B <= 2 ? 8 : B <= 16 ? 16 : 32)) "${GREEDY[@]}"
+done
+[ -n "${NO_T07:-}" ] && exit 0
 for B in 1 16; do
   bench t07_b$B $B $((B == 1 ? 8 : 16)) --method sd:k=2 --method sd:policy=goodput --temperature 0.7
 done

@@ -220,11 +220,11 @@ def test_first_step_is_plain_and_idle_steps_lead_to_a_probe():
     policies = [GoodputPolicy(max_k=4) for _ in range(2)]
     assert c.plan(policies, [4, 4]) == [0, 0]  # nothing measured: the plain step first
     c.observe([0, 0], [StepRecord(0, 0, 0, 1, 0.0, 0.0, 5, 0)] * 2, 0.0, 1.0, 1.0)
-    c.draft.add(1, 10.0)  # drafting is hopeless
+    c.draft.add(1, 1.0)  # drafting does not pay
     c.acceptance.tested = [EXPLORE_SAMPLES]  # and the acceptance is known
     c.acceptance.accepted = [EXPLORE_SAMPLES / 2]
-    # a probe: 2.5 expected tokens in 10 + 1 s against 2 in 1 s loses 0.886, which at
-    # probe_share 0.45 makes every second step without drafting a probe
+    # a probe: 2.5 expected tokens in 1 + 1 s against 2 in 1 s loses 2 − 1.25 = 0.75 plain
+    # steps, which at probe_share 0.45 makes every second step without drafting a probe
     plans = [c.plan(policies, [4, 4]) for _ in range(4)]
     assert plans == [[0, 0], [1, 0], [0, 0], [1, 0]]
     assert c.plan(policies, [0, 0]) == [0, 0]
@@ -235,11 +235,11 @@ def test_probes_are_frequent_where_drafting_nearly_pays():
     c.verify.add(1, 1.0)
     c.verify.add(2, 1.0)
     probe, catch_up = [1], [0.0]
-    c.draft.add(1, 0.6)  # 1.5 tokens in 1.6 s: loses 6 % against a plain step
-    assert c.probe_gap(probe, [[0.5]], catch_up) == pytest.approx((1 - 1.5 / 1.6) / 0.01)
-    c.draft.add(1, 9.0)
-    c.draft.add(1, 9.0)  # hopeless: rare
-    assert c.probe_gap(probe, [[0.5]], catch_up) == pytest.approx((1 - 1.5 / 10.0) / 0.01)
+    c.draft.add(1, 0.6)  # 1.5 tokens in 1.6 s: loses 0.1 of a plain step
+    assert c.probe_gap(probe, [[0.5]], catch_up) == pytest.approx((1.6 - 1.5) / 0.01)
+    c.draft.add(1, 2.0)
+    c.draft.add(1, 2.0)  # far off: 1.5 tokens in 3 s, 1.5 plain steps lost, rare
+    assert c.probe_gap(probe, [[0.5]], catch_up) == pytest.approx((3.0 - 1.5) / 0.01)
     c.probe_share = 0.001
     assert c.probe_gap(probe, [[0.5]], catch_up) == MAX_PROBE_GAP
     assert c.probe_gap([0], [[]], catch_up) == float("inf")
@@ -268,7 +268,7 @@ def test_steps_that_catch_the_drafter_up_teach_the_catch_up_cost_not_draft_time(
     c.draft.add(1, 10.0)  # drafting now looks hopeless: the row stops, then resumes with a probe
     c.acceptance.tested, c.acceptance.accepted = [EXPLORE_SAMPLES], [EXPLORE_SAMPLES / 2]
     assert c.plan(policies, [4]) == [0] and not policies[0].drafted_last
-    c.probe_share = 1.0  # probe at the next idle step
+    c.idle = MAX_PROBE_GAP  # after a long idle spell, the next idle step probes
     assert c.plan(policies, [4]) == [1] and c.resuming == 1
     c.observe([1], [record], draft_s=10.0 + 3.0, verify_s=1.0, step_s=14.0)
     assert list(c.resume) == [3.0]  # the catch-up beyond T_draft(1)

@@ -308,17 +308,19 @@ class GoodputController:
     def probe_gap(
         self, probe: Sequence[int], forecasts: Sequence[Sequence[float]], catch_up: Sequence[float]
     ) -> float:
-        """Steps without drafting before this probe: its expected loss against a plain step
-        (1 − its goodput / plain goodput, by the current estimates, the row's catch-up paid
-        whole) over `probe_share`, at most MAX_PROBE_GAP."""
+        """Steps without drafting before this probe: what it is expected to lose, in plain
+        steps (its seconds over a plain step's, less its tokens over a plain step's; by the
+        current estimates, the row's catch-up paid whole), over `probe_share`, at most
+        MAX_PROBE_GAP. Counted in plain steps, not as a goodput ratio: a probe costing three
+        plain steps loses two of them, where 1 − its goodput ratio would say 0.67."""
         if not any(probe):
             return math.inf
         q = probe.index(1)
         rows = len(probe)
         other = statistics.median(self.other) if self.other else 0.0
-        plain = rows / (other + self.verify(rows))
+        plain_s = other + self.verify(rows)
         seconds = other + self.draft(1) + catch_up[q] + self.verify(rows + self.nodes(1))
-        loss = max(1.0 - (rows + forecasts[q][0]) / seconds / plain, 0.0)
+        loss = max(seconds / plain_s - (rows + forecasts[q][0]) / rows, 0.0)
         return min(loss / self.probe_share, MAX_PROBE_GAP)
 
     @staticmethod
