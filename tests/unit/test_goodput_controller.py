@@ -216,15 +216,16 @@ def test_stop_gain_is_what_a_position_costs_at_the_planned_goodput():
 
 
 def test_first_step_is_plain_and_idle_steps_lead_to_a_probe():
-    c = GoodputController(joint=True, probe_share=0.45)
+    c = GoodputController(joint=True)
     policies = [GoodputPolicy(max_k=4) for _ in range(2)]
     assert c.plan(policies, [4, 4]) == [0, 0]  # nothing measured: the plain step first
     c.observe([0, 0], [StepRecord(0, 0, 0, 1, 0.0, 0.0, 5, 0)] * 2, 0.0, 1.0, 1.0)
-    c.draft.add(1, 1.0)  # drafting does not pay
+    c.draft.add(1, 0.5)  # drafting does not pay (it would if every draft were accepted)
     c.acceptance.tested = [EXPLORE_SAMPLES]  # and the acceptance is known
     c.acceptance.accepted = [EXPLORE_SAMPLES / 2]
-    # a probe: 2.5 expected tokens in 1 + 1 s against 2 in 1 s loses 2 − 1.25 = 0.75 plain
-    # steps, which at probe_share 0.45 makes every second step without drafting a probe
+    c.probe_share = 0.2
+    # a probe: 2.5 expected tokens in 0.5 + 1 s against 2 in 1 s loses 1.5 − 1.25 = 0.25 plain
+    # steps, which at probe_share 0.2 makes every second step without drafting a probe
     plans = [c.plan(policies, [4, 4]) for _ in range(4)]
     assert plans == [[0, 0], [1, 0], [0, 0], [1, 0]]
     assert c.plan(policies, [0, 0]) == [0, 0]
@@ -245,6 +246,22 @@ def test_probes_are_frequent_where_drafting_nearly_pays():
     assert c.probe_gap([0], [[]], catch_up) == float("inf")
     with pytest.raises(ConfigError, match="GoodputPolicy"):
         c.plan([object(), object()], [4, 4])
+
+
+def test_no_probes_where_even_drafts_always_accepted_would_not_pay():
+    """Where the verify curve and the draft cost alone rule drafting out (each verified token
+    costs a plain step), acceptance is not worth learning: no exploring, a probe only every
+    MAX_PROBE_GAP idle steps to re-time drafting. With a flat curve the same controller explores."""
+    policies = [GoodputPolicy(max_k=4) for _ in range(4)]
+    steep = controller(lambda n: 0.1 * n, draft=lambda u: 0.01 * u)
+    assert steep.acceptance.tested_first() < EXPLORE_SAMPLES
+    assert all(steep.plan(policies, [4] * 4) == [0] * 4 for _ in range(20))
+    steep.idle = MAX_PROBE_GAP - 1
+    assert sum(steep.plan(policies, [4] * 4)) == 1
+    flat = controller(lambda n: 0.1 + 0.02 * n, draft=lambda u: 0.08 * u)
+    flat.acceptance.add(1, 0)  # one rejection: drafting looks poor, but is still unknown
+    assert flat.best_plan([f[:4] for f in [[0.1] * 4] * 4])[0] == [0] * 4
+    assert sum(flat.plan(policies, [4] * 4)) == 1
 
 
 def test_steps_that_catch_the_drafter_up_teach_the_catch_up_cost_not_draft_time():

@@ -214,7 +214,9 @@ class GoodputController:
     that share of throughput: rare where drafting is hopeless, every step or two where it nearly
     pays (there a wrong estimate costs most). Until a drafting step has been timed, every step is
     a probe (an unknown T_draft is not free), and so is every step that would not draft before
-    EXPLORE_SAMPLES first positions are verified. The batch-wide acceptance learns from rows that
+    EXPLORE_SAMPLES first positions are verified, unless drafts that are always accepted would
+    not pay either: then acceptance is not worth learning and a probe comes every MAX_PROBE_GAP
+    idle steps (`_idle_before_probe`). The batch-wide acceptance learns from rows that
     drafted only (`memory` per such row).
 
     Catching up: a row that did not draft on its last step first catches its drafter up, once:
@@ -285,17 +287,44 @@ class GoodputController:
         if not self.draft.points():
             budgets, stop_gain = probe, 0.0
         else:
-            if finish:
-                budgets, stop_gain = self.finish_plan(forecasts, catch_up, remaining)
-            else:
-                budgets, stop_gain = self.best_plan(forecasts, catch_up)
+            mode = remaining if finish else None
+            budgets, stop_gain = self._optimal(forecasts, catch_up, mode)
             self.idle = 0 if any(budgets) else self.idle + 1
-            exploring = self.acceptance.tested_first() < EXPLORE_SAMPLES
-            if self.idle and (exploring or self.idle >= self.probe_gap(probe, forecasts, catch_up)):
+            if self.idle and self.idle >= self._idle_before_probe(probe, forecasts, catch_up, mode):
                 budgets, stop_gain, self.idle = probe, 0.0, 0
         for policy, forecast in zip(policies, forecasts, strict=True):
             policy.prepare(forecast, stop_gain, self.calibration)
         return self._remember(policies, budgets)
+
+    def _optimal(
+        self,
+        forecasts: Sequence[Sequence[float]],
+        catch_up: Sequence[float],
+        remaining: Sequence[int] | None,
+    ) -> tuple[list[int], float]:
+        """finish_plan with rows' `remaining` tokens, else best_plan."""
+        if remaining is not None:
+            return self.finish_plan(forecasts, catch_up, remaining)
+        return self.best_plan(forecasts, catch_up)
+
+    def _idle_before_probe(
+        self,
+        probe: Sequence[int],
+        forecasts: Sequence[Sequence[float]],
+        catch_up: Sequence[float],
+        remaining: Sequence[int] | None,
+    ) -> float:
+        """Idle steps due before the next probe. Where even drafts that are always accepted
+        would not pay (the verify curve and draft cost alone rule drafting out, as at batch 4 and
+        up with the 0.5B draft on the AVX2 EPYC), acceptance is not worth learning: probe only
+        every MAX_PROBE_GAP steps, to re-time drafting. Otherwise at once while the batch-wide
+        acceptance is unknown (EXPLORE_SAMPLES), then at probe_gap."""
+        perfect = [[1.0] * len(forecast) for forecast in forecasts]
+        if not any(self._optimal(perfect, catch_up, remaining)[0]):
+            return MAX_PROBE_GAP
+        if self.acceptance.tested_first() < EXPLORE_SAMPLES:
+            return 0
+        return self.probe_gap(probe, forecasts, catch_up)
 
     def catch_up(self, policy: GoodputPolicy) -> float:
         """Seconds this row's drafter is expected to spend catching up if it drafts now (0 when
