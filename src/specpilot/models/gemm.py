@@ -4,7 +4,9 @@ Verification lives on T(n), the cost of one target forward over n tokens, and a 
 kernels make it irregular. Measured on an AVX2-only AMD EPYC in float32 (Qwen2.5-Coder-1.5B,
 whole forward): with the rows column-major (how the previous matrix product leaves them),
 T(2) = 1.7 T(1), T(4) = 1.55 T(1), T(15) = 4.4 T(1) but T(16) = 2.2 T(1); with the rows made
-row-major first, T(2) ≈ T(4) ≈ T(1). Which layout wins, and which row counts are cheap, depend
+row-major first, T(2) ≈ T(4) ≈ T(1). Even one row can pay for padding: on an AVX-512 EPYC in
+float32, `torch.mv` with the 1.5B's gate+up weight took 7.0 ms and the product with two rows
+(one of them zeros) 3.0 ms. Which layout wins, and which row counts are cheap, depend
 on the CPU, the dtype, the kernel library and the weight's shape, so a `GemmPlan` is measured
 for each of the model's MLP weights (most of a step's weight bytes): for each row count n,
 the layout and the row count m ≥ n to feed (zero rows appended, their outputs dropped) that ran
@@ -42,11 +44,15 @@ MIN_SAVING = 0.1
 
 LAYOUTS = ("row", "column")
 
+PLAN_FORMAT = "2"
+"""Part of the cache key: plans of format 1 never padded one row, since one row was not timed."""
+
 
 @dataclass(frozen=True)
 class GemmPlan:
     """For n = 1..len(rows): `rows[n-1]` rows fed (n plus zero padding) in `layouts[n-1]`
-    ("row": x row-major, "column": x column-major). One row always goes to `torch.mv`."""
+    ("row": x row-major, "column": x column-major). One row fed as one row goes to
+    `torch.mv`."""
 
     rows: tuple[int, ...]
     layouts: tuple[str, ...]
@@ -60,12 +66,12 @@ class GemmPlan:
 
     @classmethod
     def choose(cls, seconds: dict[str, list[float]]) -> GemmPlan:
-        """The plan from measured seconds per layout and row count (index n−1): per n, the
-        fastest (layout, m ≥ n), unless it saves less than MIN_SAVING over feeding n rows in
-        the layout that is fastest at n alone. One row is not planned (`torch.mv`)."""
+        """The plan from measured seconds per layout and row count (index n−1; one row:
+        `torch.mv`, under "row"): per n, the fastest (layout, m ≥ n), unless it saves less than
+        MIN_SAVING over feeding n rows in the layout that is fastest at n alone."""
         sizes = len(next(iter(seconds.values())))
-        rows, layouts = [1], ["row"]
-        for n in range(2, sizes + 1):
+        rows, layouts = [], []
+        for n in range(1, sizes + 1):
             plain = min(LAYOUTS, key=lambda layout: seconds[layout][n - 1])
             best = min(
                 ((layout, m) for layout in LAYOUTS for m in range(n, sizes + 1)),
@@ -97,7 +103,7 @@ def linear(
     if x.requires_grad or weight.requires_grad or x.device.type != "cpu":
         return torch.nn.functional.linear(x, weight, bias)  # autograd and GPUs: the plain path
     n = x.shape[0]
-    if n == 1:
+    if n == 1 and (plan is None or plan.rows[0] == 1):
         out = torch.mv(weight, x[0])[None]
     else:
         if plan is not None and n <= len(plan.rows):
@@ -111,20 +117,24 @@ def linear(
 
 def _seconds(weight: torch.Tensor, x: torch.Tensor) -> float:
     start = time.perf_counter()
-    torch.mm(weight, x.t())
+    if x.shape[0] == 1:
+        torch.mv(weight, x[0])
+    else:
+        torch.mm(weight, x.t())
     return time.perf_counter() - start
 
 
 def measure(weight: torch.Tensor, max_rows: int = MAX_ROWS, rounds: int = 3) -> GemmPlan:
-    """Time `weight @ x.T` for 2..max_rows rows in both layouts and choose
-    (GemmPlan.choose). Every (rows, layout) is timed once per round, after a warm-up round,
-    and keeps its fastest round: noise from other work on the machine only adds time, and a
-    burst of it then spoils one round of every size alike, not one size's every sample."""
+    """Time `torch.mv` for one row and `weight @ x.T` for 2..max_rows rows in both layouts,
+    and choose (GemmPlan.choose). Every (rows, layout) is timed once per round, after a
+    warm-up round, and keeps its fastest round: noise from other work on the machine only adds
+    time, and a burst of it then spoils one round of every size alike, not one size's every
+    sample."""
     inputs = {}
-    for n in range(2, max_rows + 1):
+    for n in range(1, max_rows + 1):
         x = torch.randn(n, weight.shape[1], dtype=weight.dtype, device=weight.device)
-        inputs[n] = {"row": x, "column": x.t().contiguous().t()}
-    seconds = {layout: [math.inf] * max_rows for layout in LAYOUTS}  # 1 row: torch.mv
+        inputs[n] = {"row": x} if n == 1 else {"row": x, "column": x.t().contiguous().t()}
+    seconds = {layout: [math.inf] * max_rows for layout in LAYOUTS}
     for round_ in range(rounds + 1):
         for n, layouts in inputs.items():
             for layout, x in layouts.items():
@@ -134,8 +144,9 @@ def measure(weight: torch.Tensor, max_rows: int = MAX_ROWS, rounds: int = 3) -> 
     return GemmPlan.choose(seconds)
 
 
-def _machine_key(weight: torch.Tensor) -> str:
-    """Everything a plan depends on, hashed: CPU model and flags, torch, threads, dtype, shape."""
+def _machine_key(weight: torch.Tensor, max_rows: int) -> str:
+    """Everything a plan depends on, hashed: CPU model and flags, torch, threads, dtype, shape,
+    the rows it covers."""
     cpu = ""
     try:
         with open("/proc/cpuinfo") as info:
@@ -150,12 +161,14 @@ def _machine_key(weight: torch.Tensor) -> str:
             str(torch.get_num_threads()),
             str(weight.dtype),
             str(tuple(weight.shape)),
+            str(max_rows),
+            PLAN_FORMAT,
         ]
     )
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def plan_for(weight: torch.Tensor) -> GemmPlan | None:
+def plan_for(weight: torch.Tensor, max_rows: int = MAX_ROWS) -> GemmPlan | None:
     """The plan for products with `weight` on this machine: from the disk cache, else measured
     and cached; None off the CPU, for weights under MIN_BYTES, or when SPECPILOT_GEMM_PLAN=0."""
     from specpilot.models.offline import cache_root
@@ -164,12 +177,12 @@ def plan_for(weight: torch.Tensor) -> GemmPlan | None:
         return None
     if weight.numel() * weight.element_size() < MIN_BYTES:
         return None
-    path = cache_root() / "gemm" / f"{_machine_key(weight)}.json"
+    path = cache_root() / "gemm" / f"{_machine_key(weight, max_rows)}.json"
     try:
         return GemmPlan.from_json(json.loads(path.read_text()))
     except (OSError, ValueError, KeyError, TypeError):
         pass  # absent or unreadable: measure again
-    plan = measure(weight)
+    plan = measure(weight, max_rows)
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as tmp:
         json.dump(plan.to_json(), tmp)
