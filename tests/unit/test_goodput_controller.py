@@ -221,8 +221,8 @@ def test_first_step_is_plain_and_idle_steps_lead_to_a_probe():
     assert c.plan(policies, [4, 4]) == [0, 0]  # nothing measured: the plain step first
     c.observe([0, 0], [StepRecord(0, 0, 0, 1, 0.0, 0.0, 5, 0)] * 2, 0.0, 1.0, 1.0)
     c.draft.add(1, 0.5)  # drafting does not pay (it would if every draft were accepted)
-    c.acceptance.tested = [EXPLORE_SAMPLES]  # and the acceptance is known
-    c.acceptance.accepted = [EXPLORE_SAMPLES / 2]
+    c.long_run.tested = [EXPLORE_SAMPLES]  # and the acceptance is known
+    c.long_run.accepted = [EXPLORE_SAMPLES / 2]
     c.probe_share = 0.2
     # a probe: 2.5 expected tokens in 0.5 + 1 s against 2 in 1 s loses 1.5 − 1.25 = 0.25 plain
     # steps, which at probe_share 0.2 makes every second step without drafting a probe
@@ -254,7 +254,7 @@ def test_no_probes_where_even_drafts_always_accepted_would_not_pay():
     MAX_PROBE_GAP idle steps to re-time drafting. With a flat curve the same controller explores."""
     policies = [GoodputPolicy(max_k=4) for _ in range(4)]
     steep = controller(lambda n: 0.1 * n, draft=lambda u: 0.01 * u)
-    assert steep.acceptance.tested_first() < EXPLORE_SAMPLES
+    assert steep.long_run.tested_first() < EXPLORE_SAMPLES
     assert all(steep.plan(policies, [4] * 4) == [0] * 4 for _ in range(20))
     steep.idle = MAX_PROBE_GAP - 1
     assert sum(steep.plan(policies, [4] * 4)) == 1
@@ -283,7 +283,7 @@ def test_steps_that_catch_the_drafter_up_teach_the_catch_up_cost_not_draft_time(
     assert c.draft(1) == pytest.approx(0.2)
     c.draft.add(1, 10.0)
     c.draft.add(1, 10.0)  # drafting now looks hopeless: the row stops, then resumes with a probe
-    c.acceptance.tested, c.acceptance.accepted = [EXPLORE_SAMPLES], [EXPLORE_SAMPLES / 2]
+    c.long_run.tested, c.long_run.accepted = [EXPLORE_SAMPLES], [EXPLORE_SAMPLES / 2]
     assert c.plan(policies, [4]) == [0] and not policies[0].drafted_last
     c.idle = MAX_PROBE_GAP  # after a long idle spell, the next idle step probes
     assert c.plan(policies, [4]) == [1] and c.resuming == 1
@@ -394,3 +394,26 @@ def test_generate_with_goodput_policy(capsys, tmp_path):
         assert code == 0
     assert main(["generate", *common, "--policy", "goodput", "--k", "3", "--prompt", "w5"]) == 2
     assert "--k sets the draft length" in capsys.readouterr().err
+
+
+def test_a_stale_spell_of_rejections_fades_to_the_long_run_acceptance():
+    """Drafting one token pays iff a_1 > 0.5 here. A recent spell of rejections (4 of 20
+    accepted) against a long run of 70 % stops drafting; steps without drafting teach nothing, so
+    the spell fades (IDLE_MEMORY per idle step) and drafting resumes after ~26 of them, without a
+    probe. One rejection after resuming stops it again: a real spell costs a step, not a run."""
+    c = controller(lambda n: 1.0, draft=lambda u: 0.5 * u)
+    c.probe_share = 1e-4  # no probes in this test
+    c.long_run.tested, c.long_run.accepted = [100.0], [70.0]
+    c.acceptance.tested, c.acceptance.accepted = [20.0], [4.0]
+    policies = [GoodputPolicy(max_k=1)]
+    idle = StepRecord(0, 0, 0, 1, 0.0, 0.0, 50, 0)
+    budgets = []
+    for _ in range(40):
+        budgets.append(c.plan(policies, [1])[0])
+        if budgets[-1]:
+            break
+        c.observe([0], [idle], 0.0, 1.0, 1.0)
+    assert budgets[:20] == [0] * 20 and budgets[-1] == 1 and len(budgets) <= 30
+    rejected = StepRecord(1, 1, 0, 1, 0.5, 1.0, 51, 1)
+    c.observe([1], [rejected], 0.5, 1.0, 1.5)
+    assert c.plan(policies, [1]) == [0]

@@ -27,6 +27,7 @@ from stable_baselines3.common.callbacks import BaseCallback
 from tqdm import tqdm
 
 from specpilot.config import require
+from specpilot.drafting.dynamic_tree import DEFAULT_DEPTH, DEFAULT_NODES
 from specpilot.policies.ltd import single_thread
 from specpilot.policies.ltd_net import DEFAULT_HIDDEN, LtdNets, mlp
 from specpilot.training.ltd.config import LtdTrainConfig
@@ -160,11 +161,16 @@ def _train(log, cost, out: Path, config: LtdTrainConfig, target, progress) -> di
 
 def _summary(train, valid, cost, config, stages, pair) -> dict:
     """Validation replay throughput of the chosen policies next to static trees: the best
-    static (depth, V) on the training positions and the drafter's default (4, 16)."""
+    static (depth, V) on the training positions and the eagle drafter's default depth and node
+    count (on the replay's width W, which may differ from the drafter's default top-k). The
+    one-policy ablations fall back to those defaults, as `--policy ltd,use=...` does when
+    decoding (the drafter's own depth or node count)."""
     grid = static_grid(train, cost)
     best = max(grid, key=lambda row: row["tokens_per_s"])
     static = {}
-    for label, depth, size in (("best_static", best["depth"], best["size"]), ("default", 4, 16)):
+    shapes = (("best_static", best["depth"], best["size"]),
+              ("default", DEFAULT_DEPTH, DEFAULT_NODES))  # fmt: skip
+    for label, depth, size in shapes:
         chooser = Chooser(valid, fixed_depth=depth, fixed_size=size)
         static[label] = {**replay_throughput(valid, cost, chooser), "depth": depth, "size": size}
     kinds = {"both": (pair["depth"], pair["size"]), "depth": (pair["depth"], None),
@@ -173,8 +179,8 @@ def _summary(train, valid, cost, config, stages, pair) -> dict:
     for use, (depth_net, size_net) in kinds.items():
         if (use != "size" and depth_net is None) or (use != "depth" and size_net is None):
             continue
-        chooser = Chooser(valid, depth_net, size_net, fixed_depth=4, fixed_size=16,
-                          check_every=config.check_every)  # fmt: skip
+        chooser = Chooser(valid, depth_net, size_net, fixed_depth=DEFAULT_DEPTH,
+                          fixed_size=DEFAULT_NODES, check_every=config.check_every)  # fmt: skip
         ltd[use] = replay_throughput(valid, cost, chooser)
     return {"config": asdict(config), "positions": {"train": len(train), "valid": len(valid)},
             "cost_model": cost.source, "stages": stages, "static": static, "ltd": ltd}  # fmt: skip
