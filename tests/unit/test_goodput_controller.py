@@ -254,7 +254,7 @@ def test_no_probes_where_even_drafts_always_accepted_would_not_pay():
     MAX_PROBE_GAP idle steps to re-time drafting. With a flat curve the same controller explores."""
     policies = [GoodputPolicy(max_k=4) for _ in range(4)]
     steep = controller(lambda n: 0.1 * n, draft=lambda u: 0.01 * u)
-    assert steep.long_run.tested_first() < EXPLORE_SAMPLES
+    assert steep.long_run.tested_at(0) < EXPLORE_SAMPLES
     assert all(steep.plan(policies, [4] * 4) == [0] * 4 for _ in range(20))
     steep.idle = MAX_PROBE_GAP - 1
     assert sum(steep.plan(policies, [4] * 4)) == 1
@@ -417,3 +417,18 @@ def test_a_stale_spell_of_rejections_fades_to_the_long_run_acceptance():
     rejected = StepRecord(1, 1, 0, 1, 0.5, 1.0, 51, 1)
     c.observe([1], [rejected], 0.5, 1.0, 1.5)
     assert c.plan(policies, [1]) == [0]
+
+
+def test_a_position_no_plan_reaches_is_explored_until_known():
+    """Position 1 is known (70 %), position 2 never tested: its forecast is position 1's, at
+    which one token is the best plan. One row then drafts a second token until the long run has
+    EXPLORE_SAMPLES tests of position 2, so a position 2 accepted more often than position 1 (as
+    after a good first guess) can be found."""
+    c = controller(lambda n: 1.0, draft=lambda u: 0.45 * u)
+    c.long_run.tested, c.long_run.accepted = [100.0], [70.0]
+    policies = [GoodputPolicy(max_k=4) for _ in range(2)]
+    assert c.best_plan([c.long_run.estimates(4, None, 2.0)] * 2)[0] == [1, 1]
+    assert c.plan(policies, [4, 4]) == [2, 1]
+    assert c.plan(policies, [1, 4]) == [1, 2]  # a row at its cap is not deepened
+    c.long_run.tested, c.long_run.accepted = [100.0, EXPLORE_SAMPLES], [70.0, 4.0]
+    assert c.plan(policies, [4, 4]) == [1, 1]
