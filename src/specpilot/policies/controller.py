@@ -356,7 +356,7 @@ class GoodputController:
         fewer than EXPLORE_SAMPLES tests of that position. A position no plan reaches is never
         tested, and its forecast (the position before's, §7.3) is often low: with the 0.5B draft
         at T = 0.7 position 2 was accepted 86 % of the time after position 1 (72 %), yet without
-        this the controller drafted one token on 327 of 342 steps and ran 4 % behind k = 2 (a
+        this the controller drafted one token on 327 of 341 steps and ran 4 % behind k = 2 (a
         diagnostic run on one thread beside a training job, BENCHMARKS §10.7)."""
         for q, (budget, cap) in enumerate(zip(budgets, caps, strict=True)):
             if 0 < budget < cap and self.long_run.tested_at(budget) < EXPLORE_SAMPLES:
