@@ -40,7 +40,7 @@ def model():
 
 
 @pytest.fixture(scope="module")
-def log(model, tmp_path_factory):
+def replay_folder(model, tmp_path_factory):
     folder = tmp_path_factory.mktemp("replay")
     runner = DecoderRunner(model)
     drafter = EagleDrafter(runner, tiny_head(runner), depth=SHAPE.max_depth, topk=SHAPE.topk)
@@ -51,7 +51,20 @@ def log(model, tmp_path_factory):
     record_replay(runner, TinyTokenizer(), drafter, SHAPE, PROMPTS, folder, options,
                   progress=False)  # fmt: skip
     assert len(list(folder.glob("shard-*.safetensors"))) == 2
-    return ReplayLog.load(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def log(replay_folder):
+    return ReplayLog.load(replay_folder, SHAPE)
+
+
+def test_one_recording_serves_every_size_grid(replay_folder, log):
+    finer = LtdShape(SHAPE.topk, SHAPE.max_depth, size_step=1, size_actions=40)
+    other = ReplayLog.load(replay_folder, finer)
+    assert other.shape == finer and np.array_equal(other.path_ranks, log.path_ranks)
+    with pytest.raises(ConfigError, match="width 3 and depth 5, not 4 and 5"):
+        ReplayLog.load(replay_folder, LtdShape(4, SHAPE.max_depth))
 
 
 def test_log_layout(log):

@@ -110,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
         eos_ids=eos_token_ids(target.tokenizer, target.path),
         progress=not args.quiet,
     )
-    log = ReplayLog.load(out / "replay")
+    log = ReplayLog.load(out / "replay", shape)
     cost_path = out / "cost.json"
     if cost_path.is_file():
         cost = CostModel.load(cost_path)

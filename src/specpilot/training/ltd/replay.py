@@ -133,12 +133,13 @@ def record_replay(
     require(drafter.topk == shape.topk, f"the drafter's topk {drafter.topk} != {shape.topk}")
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    meta = {"shape": shape.__dict__, "new_tokens": options.new_tokens}
+    meta = _recorded_with(shape, options.new_tokens)
     meta_path = folder / META_FILE
-    if meta_path.is_file() and json.loads(meta_path.read_text()) != meta:
+    if meta_path.is_file() and _read_meta(meta_path) != meta:
         raise ConfigError(
             f"{folder} holds replay logs recorded with other settings "
-            f"({meta_path.read_text().strip()}); use another --out or the same settings"
+            f"({json.dumps(_read_meta(meta_path))}, not {json.dumps(meta)}); "
+            "use another --out or the same settings"
         )
     meta_path.write_text(json.dumps(meta) + "\n")
     done = recorded_ids(folder)
@@ -205,6 +206,22 @@ def _positions(target, drafter, shape: LtdShape, prompt, answer, new_tokens) -> 
     return rows
 
 
+def _recorded_with(shape: LtdShape, new_tokens: int) -> dict:
+    """What a recording depends on: the tree's width and depth and the positions per prompt.
+    The size policy's action grid is not among them, so one recording serves every grid."""
+    return {"topk": shape.topk, "max_depth": shape.max_depth, "new_tokens": new_tokens}
+
+
+def _read_meta(path: Path) -> dict:
+    meta = json.loads(path.read_text())
+    if "shape" in meta:  # recorded before the grid was left out of the metadata
+        meta = {
+            **{k: meta["shape"][k] for k in ("topk", "max_depth")},
+            "new_tokens": meta["new_tokens"],
+        }
+    return meta
+
+
 def _write_shard(path: Path, rows: list[dict], prompt_ids: list[str]) -> None:
     """One shard, atomically (a prompt with no position adds no rows)."""
     tensors = {key: np.stack([row[key] for row in rows]) for key in rows[0]} if rows else {}
@@ -233,13 +250,20 @@ class ReplayLog:
     prompt: np.ndarray
 
     @classmethod
-    def load(cls, folder: str | Path) -> ReplayLog:
+    def load(cls, folder: str | Path, shape: LtdShape) -> ReplayLog:
+        """The logs in `folder`, read with `shape`'s size grid; its width and depth must be the
+        recording's."""
         folder = Path(folder)
         meta_path = folder / META_FILE
         shards = sorted(folder.glob("shard-*.safetensors"))
         if not meta_path.is_file() or not shards:
             raise ConfigError(f"no replay logs in {folder}: record them first (train-ltd does)")
-        shape = LtdShape(**json.loads(meta_path.read_text())["shape"])
+        meta = _read_meta(meta_path)
+        if (meta["topk"], meta["max_depth"]) != (shape.topk, shape.max_depth):
+            raise ConfigError(
+                f"the replay logs in {folder} hold trees of width {meta['topk']} and depth "
+                f"{meta['max_depth']}, not {shape.topk} and {shape.max_depth}"
+            )
         parts: dict[str, list[np.ndarray]] = {}
         for path in shards:
             for key, value in load_file(str(path)).items():
