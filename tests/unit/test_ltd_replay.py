@@ -17,7 +17,7 @@ from specpilot.engine import SpeculativeEngine
 from specpilot.errors import ConfigError
 from specpilot.models.decoder import DecoderRunner
 from specpilot.policies import ConstantPolicy
-from specpilot.policies.ltd_net import LtdNets, LtdShape, resolve_policies
+from specpilot.policies.ltd_net import COMMITTED_POLICIES, LtdNets, LtdShape, resolve_policies
 from specpilot.training.ltd.cost import CostModel
 from specpilot.training.ltd.envs import (
     Chooser,
@@ -166,6 +166,14 @@ def test_policy_folder_round_trip_and_errors(tmp_path):
     (tmp_path / "run" / "policies" / "size.safetensors").write_bytes(b"garbage")
     with pytest.raises(ConfigError, match="bad LTD policy folder"):
         LtdNets.load(tmp_path / "run" / "policies")
+
+
+@pytest.mark.parametrize(
+    "target", sorted(p.name for p in COMMITTED_POLICIES.iterdir() if p.is_dir())
+)
+def test_committed_policies_load_for_their_target(target):
+    nets = LtdNets.load(resolve_policies(None, target))
+    assert nets.target == target and nets.depth is not None and nets.size is not None
 
 
 def test_trainer_resumes_an_interrupted_stage(log, tmp_path):
