@@ -67,6 +67,16 @@ def test_one_recording_serves_every_size_grid(replay_folder, log):
         ReplayLog.load(replay_folder, LtdShape(4, SHAPE.max_depth))
 
 
+def test_corrupt_replay_metadata_is_named(replay_folder, tmp_path):
+    import shutil
+
+    copy = tmp_path / "replay"
+    shutil.copytree(replay_folder, copy)
+    (copy / "replay.json").write_text("{not json")
+    with pytest.raises(ConfigError, match="is not replay metadata"):
+        ReplayLog.load(copy, SHAPE)
+
+
 def test_log_layout(log):
     assert len(log) == len(PROMPTS) * NEW
     assert sorted(set(log.prompt.tolist())) == [0, 1, 2]

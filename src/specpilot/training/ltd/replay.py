@@ -213,13 +213,17 @@ def _recorded_with(shape: LtdShape, new_tokens: int) -> dict:
 
 
 def _read_meta(path: Path) -> dict:
-    meta = json.loads(path.read_text())
-    if "shape" in meta:  # recorded before the grid was left out of the metadata
-        meta = {
-            **{k: meta["shape"][k] for k in ("topk", "max_depth")},
-            "new_tokens": meta["new_tokens"],
-        }
-    return meta
+    try:
+        meta = json.loads(path.read_text())
+        if "shape" in meta:  # recorded before the grid was left out of the metadata
+            meta = {**{k: meta["shape"][k] for k in ("topk", "max_depth")},
+                    "new_tokens": meta["new_tokens"]}  # fmt: skip
+        return {key: int(meta[key]) for key in ("topk", "max_depth", "new_tokens")}
+    except (ValueError, KeyError, TypeError) as error:
+        raise ConfigError(
+            f"{path} is not replay metadata ({type(error).__name__}: {error}); delete its folder "
+            "and record the replay again (train-ltd does)"
+        ) from None
 
 
 def _write_shard(path: Path, rows: list[dict], prompt_ids: list[str]) -> None:
