@@ -135,10 +135,11 @@ def record_replay(
     folder.mkdir(parents=True, exist_ok=True)
     meta = _recorded_with(shape, options.new_tokens)
     meta_path = folder / META_FILE
-    if meta_path.is_file() and _read_meta(meta_path) != meta:
+    recorded = _read_meta(meta_path) if meta_path.is_file() else meta
+    if recorded != meta:
         raise ConfigError(
             f"{folder} holds replay logs recorded with other settings "
-            f"({json.dumps(_read_meta(meta_path))}, not {json.dumps(meta)}); "
+            f"({json.dumps(recorded)}, not {json.dumps(meta)}); "
             "use another --out or the same settings"
         )
     meta_path.write_text(json.dumps(meta) + "\n")
