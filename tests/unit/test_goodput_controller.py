@@ -23,6 +23,7 @@ from specpilot.policies.controller import (
     ConfidenceCalibration,
     GoodputController,
     GoodputPolicy,
+    bottleneck_forecast,
 )
 from specpilot.policies.goodput import allocate_batch, expected_accepted, marginal_order
 from specpilot.policies.latency import LatencyCurve
@@ -341,6 +342,21 @@ def test_finishing_a_batch_waits_for_its_worst_row_and_pays_catch_up_once():
     assert any(c.best_plan([good, poor])[0])  # per second the good row alone pays
     assert any(c.finish_plan([good, good], [0.5, 0.5], [40, 40])[0])
     assert c.finish_plan([good, good], [0.5, 0.5], [4, 4])[0] == [0, 0]
+
+
+def test_finishing_a_batch_plans_for_its_slowest_row_not_its_average_one():
+    """At batch 8 drafting one token that pays 9 % per step at the rows' mean acceptance (0.72)
+    loses once the batch waits for its slowest row, whose acceptance nothing yet tells apart
+    (BENCHMARKS §10.8): with no steps of their own the rows' forecasts count as uncertain, and the
+    batch decodes plainly; rows known from many steps draft again."""
+    c = controller(lambda n: 0.221 + 0.0015 * n, draft=lambda u: 0.12 * u)
+    forecasts, remaining = [[0.72]] * 8, [48] * 8
+    assert c.finish_plan(forecasts, [0.0] * 8, remaining)[0] == [1] * 8
+    assert c.finish_plan(forecasts, [0.0] * 8, remaining, tested=[[0.0]] * 8)[0] == [0] * 8
+    assert c.finish_plan(forecasts, [0.0] * 8, remaining, tested=[[500.0]] * 8)[0] == [1] * 8
+    lowered = bottleneck_forecast(forecasts, [[0.0]] * 8)
+    assert lowered[0][0] == pytest.approx(0.537, abs=1e-3)  # 31.2 steps for 48 tokens
+    assert bottleneck_forecast([[0.72]], [[0.0]]) == [[0.72]]  # one row: its own forecast
 
 
 def test_observe_learns_verify_draft_and_tree_width():

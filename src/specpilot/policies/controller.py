@@ -27,6 +27,7 @@ import statistics
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from statistics import NormalDist
 
 import torch
 
@@ -43,7 +44,10 @@ PRIOR_ACCEPTANCE = 0.5
 FINISH_POOLING = 8.0
 """Pseudo-steps of the batch-wide acceptance in each row's forecast when planning to finish a
 batch soonest: that plan follows the row needing the most steps, and the least of several noisy
-estimates is biased low, so rows' own few steps count for less there (untuned)."""
+estimates is biased low, so rows' own few steps count for less there (untuned). Also what a
+row's acceptance is uncertain by before its own steps (`bottleneck_forecast`): at batch 8 with
+the 0.5B draft rows' acceptance of k = 1 ran from 0.52 to 0.96 (sd ~0.13, against
+sqrt(0.2 / 9) = 0.15 for 8 pseudo-steps)."""
 
 EXPLORE_SAMPLES = 8
 """Verified first positions the batch-wide acceptance needs before the controller trusts it to
@@ -212,6 +216,27 @@ class GoodputPolicy:
         return self.acceptance.estimates(len(prior), prior, strength or self.strength)
 
 
+def bottleneck_forecast(
+    forecasts: Sequence[Sequence[float]], tested: Sequence[Sequence[float]]
+) -> list[list[float]]:
+    """Each row's a_i lowered by z·sd, sd = sqrt(a(1 − a) / (FINISH_POOLING + n + 1)) the
+    uncertainty of an acceptance forecast from n of the row's own verified positions plus the
+    pooled pseudo-steps, z the standard normal quantile at B / (B + 1) for B rows (about where the
+    most of B draws falls). A batch waits for its slowest row, and the most steps of B rows
+    exceeds the most of their expected steps: at batch 8 with the 0.5B draft, constant k = 1 took
+    31 and 32 steps where its rows took 28.5 and 27.8 on average (BENCHMARKS §10.8), and drafting
+    that paid 9 % per step lost 6 % of the batch's time. Here a = 0.72 with no own steps is read
+    as 0.54, 31 steps for 48 tokens. One row keeps its forecast (z = 0)."""
+    z = NormalDist().inv_cdf(len(forecasts) / (len(forecasts) + 1))
+    return [
+        [
+            max(a - z * math.sqrt(a * (1.0 - a) / (FINISH_POOLING + n + 1.0)), 0.0)
+            for a, n in zip(forecast, counts, strict=False)
+        ]
+        for forecast, counts in zip(forecasts, tested, strict=True)
+    ]
+
+
 class GoodputController:
     """Plans each step's per-row draft budgets (module docstring). One per engine: what it
     learns about the machine and the drafter carries over from request to request.
@@ -312,7 +337,13 @@ class GoodputController:
             budgets, stop_gain = probe, 0.0
         else:
             mode = remaining if finish else None
-            budgets, stop_gain = self._optimal(forecasts, catch_up, mode)
+            tested = None
+            if finish:  # each row's own verified count per position (bottleneck_forecast)
+                tested = [
+                    [policy.acceptance.tested_at(i) for i in range(len(forecast))]
+                    for policy, forecast in zip(policies, forecasts, strict=True)
+                ]
+            budgets, stop_gain = self._optimal(forecasts, catch_up, mode, tested)
             budgets = self._deepen(budgets, caps)
             self.idle = 0 if any(budgets) else self.idle + 1
             if self.idle and self.idle >= self._idle_before_probe(probe, forecasts, catch_up, mode):
@@ -326,10 +357,11 @@ class GoodputController:
         forecasts: Sequence[Sequence[float]],
         catch_up: Sequence[float],
         remaining: Sequence[int] | None,
+        tested: Sequence[Sequence[float]] | None = None,
     ) -> tuple[list[int], float]:
-        """finish_plan with rows' `remaining` tokens, else best_plan."""
+        """finish_plan with rows' `remaining` tokens (and `tested`), else best_plan."""
         if remaining is not None:
-            return self.finish_plan(forecasts, catch_up, remaining)
+            return self.finish_plan(forecasts, catch_up, remaining, tested)
         return self.best_plan(forecasts, catch_up)
 
     def _idle_before_probe(
@@ -479,17 +511,22 @@ class GoodputController:
         forecasts: Sequence[Sequence[float]],
         catch_up: Sequence[float],
         remaining: Sequence[int],
+        tested: Sequence[Sequence[float]] | None = None,
     ) -> tuple[list[int], float]:
         """The budgets minimising the expected time until the batch's last row finishes, when
         the caller waits for it (docs/methods.md §7.5): a step's cost times the most steps any
         row still needs (its remaining tokens over its expected tokens per step, 1 + E[N]),
         plus the one-time catch-up of each row that starts drafting. Tokens a row that is ahead
         gains are worth nothing then, and a batch whose slowest row accepts little is better
-        decoded plainly, which tokens per second (best_plan) cannot see. Candidates: from no
-        drafting, add a position to the row that needs the most steps, until that row can draft
-        no further. Returns the budgets and the gain a drafted position must bring (as
-        best_plan's, at the bottleneck row's rate)."""
+        decoded plainly, which tokens per second (best_plan) cannot see. With `tested` (each
+        row's own verified count per position) the forecasts are first lowered to what the
+        slowest of the rows is expected to see (bottleneck_forecast); without, taken as exact.
+        Candidates: from no drafting, add a position to the row that needs the most steps, until
+        that row can draft no further. Returns the budgets and the gain a drafted position must
+        bring (as best_plan's, at the bottleneck row's rate)."""
         rows = len(forecasts)
+        if tested is not None:
+            forecasts = bottleneck_forecast(forecasts, tested)
         other = statistics.median(self.other) if self.other else 0.0
         limit = 2 * self.verify.points()[-1][0]
         emitted = [  # per row, expected tokens a step emits with budget 0, 1, ...: 1 + E[N]
