@@ -4,6 +4,8 @@ environments' observations, rewards and trajectories; the cost model; policy fol
 
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import pytest
 import torch
@@ -68,8 +70,6 @@ def test_one_recording_serves_every_size_grid(replay_folder, log):
 
 
 def test_corrupt_replay_metadata_is_named(replay_folder, tmp_path):
-    import shutil
-
     copy = tmp_path / "replay"
     shutil.copytree(replay_folder, copy)
     (copy / "replay.json").write_text("{not json")

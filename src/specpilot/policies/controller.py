@@ -231,7 +231,7 @@ def bottleneck_forecast(
     return [
         [
             max(a - z * math.sqrt(a * (1.0 - a) / (FINISH_POOLING + n + 1.0)), 0.0)
-            for a, n in zip(forecast, counts, strict=False)
+            for a, n in zip(forecast, counts, strict=True)
         ]
         for forecast, counts in zip(forecasts, tested, strict=True)
     ]
