@@ -26,5 +26,6 @@ def tiny_head(runner: DecoderRunner, draft_vocab: int | None = None, noise: floa
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in head.parameters():
-            p.add_(torch.randn(p.shape, generator=generator) * noise * (p.std() + 1e-3))
+            noise_draw = torch.randn(p.shape, generator=generator).to(p.device)
+            p.add_(noise_draw * noise * (p.std() + 1e-3))
     return head.double() if runner.dtype == torch.float64 else head

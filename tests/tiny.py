@@ -1,7 +1,14 @@
-"""Tiny random models and tokenizers built in the test process (no downloads)."""
+"""Tiny random models and tokenizers built in the test process (no downloads).
+
+SPECPILOT_TEST_DEVICE=cuda builds every tiny model on the GPU, so the lossless suite runs there
+unchanged (a GPU check of the whole engine, not only the tests marked `cuda`).
+"""
 
 from __future__ import annotations
 
+import os
+
+import pytest
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import (
@@ -14,6 +21,11 @@ from transformers import (
     PreTrainedTokenizerFast,
     Qwen2Config,
     Qwen2ForCausalLM,
+)
+
+TEST_DEVICE = torch.device(os.environ.get("SPECPILOT_TEST_DEVICE", "cpu"))
+cpu_training = pytest.mark.skipif(
+    TEST_DEVICE.type != "cpu", reason="train-eagle and train-ppow train beside a CPU target"
 )
 
 
@@ -48,7 +60,7 @@ def tiny_model(
     with torch.no_grad():
         for p in model.parameters():
             p.mul_(3.0)
-    return model.to(dtype).eval()
+    return model.to(TEST_DEVICE, dtype).eval()
 
 
 def tiny_generic(kind: str = "gpt2", vocab_size: int = 96, seed: int = 0):
@@ -77,7 +89,7 @@ def tiny_generic(kind: str = "gpt2", vocab_size: int = 96, seed: int = 0):
     with torch.no_grad():
         for p in model.parameters():
             p.mul_(3.0)
-    return model.eval()
+    return model.to(TEST_DEVICE).eval()
 
 
 class TinyTokenizer:
@@ -97,7 +109,8 @@ def perturbed(model, scale: float, seed: int = 123):
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in draft.parameters():
-            p.add_(torch.randn(p.shape, generator=generator, dtype=p.dtype) * scale * p.std())
+            noise = torch.randn(p.shape, generator=generator, dtype=p.dtype).to(p.device)
+            p.add_(noise * scale * p.std())
     return draft
 
 

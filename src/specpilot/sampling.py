@@ -40,7 +40,10 @@ def logits_to_probs(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Ten
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
-    """One token id from a [vocab] distribution."""
+    """One token id from a [vocab] distribution, drawn where the generator lives (a request's
+    seeded generator is a CPU one, so a GPU model's probabilities move there to be sampled)."""
+    if generator is not None:
+        probs = probs.to(generator.device)
     return int(torch.multinomial(probs, 1, generator=generator).item())
 
 

@@ -42,7 +42,7 @@ def trained_head(runner, split, token_ids=None, std=0.5, seed=0) -> DraftHead:
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in head.lora_parameters():
-            p.normal_(0.0, std, generator=generator)
+            p.copy_(torch.randn(p.shape, generator=generator, dtype=p.dtype) * std)
         head.log_scale.fill_(-0.3)
     assert head.lora.lora_B["default"].weight.abs().min() > 0
     return head

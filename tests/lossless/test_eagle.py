@@ -16,7 +16,7 @@ import pytest
 import torch
 from eagle_fixtures import tiny_head, tiny_target
 from test_engine_sampling import SAMPLINGS, VOCAB, chi_square_pvalue, exact_joint_distribution
-from tiny import TinyTokenizer
+from tiny import TinyTokenizer, cpu_training
 
 import specpilot.engine.speculative as speculative
 from specpilot.config import GenerationConfig, SamplingConfig
@@ -118,6 +118,7 @@ def test_drafter_cache_equals_a_fresh_catch_up(model):
     torch.testing.assert_close(state.v[:, :n], fresh.slots[0].v[:, :n])
 
 
+@cpu_training
 @pytest.mark.parametrize("name", ["chain", "tree"])
 def test_ppow_trained_head_keeps_float32_greedy_identity(tmp_path, name):
     """A head after a few PPOW updates (saved and reloaded as decoding loads it) drafts for a

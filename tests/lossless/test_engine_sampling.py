@@ -42,7 +42,8 @@ def exact_joint_distribution(model, sampling: SamplingConfig, length: int = 2) -
 
     def next_probs(prefix: list[int]) -> torch.Tensor:
         with torch.no_grad():
-            return logits_to_probs(model(torch.tensor([prefix])).logits[0, -1].double(), sampling)
+            logits = model(torch.tensor([prefix], device=model.device)).logits[0, -1]
+            return logits_to_probs(logits.double().cpu(), sampling)
 
     joint = torch.ones(1, dtype=torch.float64)
     prefixes = [list(PROMPT)]

@@ -30,7 +30,8 @@ def greedy_without_cache(model, prompt: list[int], n: int) -> list[int]:
     sequence = list(prompt)
     with torch.no_grad():
         for _ in range(n):
-            sequence.append(int(model(torch.tensor([sequence])).logits[0, -1].argmax()))
+            logits = model(torch.tensor([sequence], device=model.device)).logits[0, -1]
+            sequence.append(int(logits.argmax()))
     return sequence[len(prompt) :]
 
 

@@ -9,7 +9,7 @@ from specpilot.models.decoder import DecoderRunner
 
 def hf_logits(model, ids):
     with torch.no_grad():
-        return model(torch.tensor([ids])).logits[0]
+        return model(torch.tensor([ids], device=model.device)).logits[0]
 
 
 @pytest.mark.parametrize("kind", ["qwen2", "llama"])

@@ -404,6 +404,7 @@ def test_adapter_round_trip(model, tmp_path):
     head.save(tmp_path / "adapter")
     assert (tmp_path / "adapter" / META_FILE).is_file()
     hidden = torch.randn(5, 64, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    hidden = hidden.to(head.device)
     other = DraftHead(runner, 2)
     with torch.no_grad():
         assert not torch.equal(other(hidden), head(hidden))

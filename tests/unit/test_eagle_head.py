@@ -119,7 +119,7 @@ def test_a_narrower_head_starts_from_the_targets_strongest_mlp_units(runner, tmp
     last = runner.layers[-1]
     units = mlp_units(last, width)
     assert units.numel() == width and bool((units[1:] > units[:-1]).all())
-    torch.testing.assert_close(head.down, last.down[:, units].float())
+    torch.testing.assert_close(head.down, last.down[:, units].float().cpu())
     assert head.gate_up.shape == (2 * width, shape.hidden_size)
     assert shape.mismatch(full) is None  # the MLP width is the head's own choice
     head.save(tmp_path / "head")

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
 from eagle_fixtures import WORDS, tiny_target
-from tiny import tiny_tokenizer
+from tiny import cpu_training, tiny_tokenizer
 
 from specpilot.drafting.eagle_head import EagleShape
 from specpilot.errors import ConfigError
@@ -22,6 +23,7 @@ from specpilot.training.eagle.data import (
     reference_samples,
     training_prompts,
 )
+from specpilot.training.eagle.features import require_cpu_target
 from specpilot.training.eagle.losses import chain_accepted_length, training_time_test_mask
 from specpilot.training.eagle.trainer import LOG_FILE, EagleTrainConfig, train_eagle
 
@@ -77,6 +79,7 @@ class Loaded:
         self.name = "tiny"
 
 
+@cpu_training
 def test_training_lowers_the_loss_and_resumes(tmp_path):
     target = Loaded(tiny_target(torch.float32))
     generator = torch.Generator().manual_seed(0)
@@ -107,3 +110,11 @@ def test_training_lowers_the_loss_and_resumes(tmp_path):
         train_eagle(
             target, samples, tmp_path, dataclasses.replace(config, lr=1e-3), shape, progress=False
         )
+
+
+def test_training_refuses_a_target_off_the_cpu():
+    """The head trains beside a CPU target; a GPU-loaded one is a clear error up front, not a
+    device mismatch mid-run."""
+    runner = SimpleNamespace(device=torch.device("cuda"))
+    with pytest.raises(ConfigError, match="train-ppow trains on the CPU: load the target"):
+        require_cpu_target(runner, "train-ppow")

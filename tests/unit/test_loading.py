@@ -193,7 +193,7 @@ def write_tiny_qwen2_gguf(path, model) -> list[str]:
             name = f"blk.{index}.{names[module]}.{leaf}"
         else:
             name = f"{names[stem]}.{leaf}"
-        writer.add_tensor(name, tensor.detach().float().numpy().astype(np.float32))
+        writer.add_tensor(name, tensor.detach().float().cpu().numpy().astype(np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -217,7 +217,7 @@ def test_gguf_round_trip(tmp_path, offline_hub):
             param.copy_(param.to(torch.bfloat16))
     ids = [1, 3, 10, 50, 95, 7]
     with torch.no_grad():
-        expected = model(torch.tensor([ids])).logits[0]
+        expected = model.cpu()(torch.tensor([ids])).logits[0]  # loaded on the CPU (the default)
     torch.testing.assert_close(loaded.runner.forward(ids), expected, rtol=1e-5, atol=1e-5)
 
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from eagle_fixtures import WORDS, tiny_head, tiny_target
-from tiny import tiny_tokenizer
+from tiny import cpu_training, tiny_tokenizer
 
 from specpilot.config import SamplingConfig
 from specpilot.drafting.eagle import EagleDrafter
@@ -160,6 +160,7 @@ def test_hard_pool_and_selection():
     assert adaw.hard_pool(partial, 0.5).tolist() == [2, 4]
 
 
+@cpu_training
 def test_adaw_scores_only_the_chosen_sequences(model):
     runner = DecoderRunner(model)
     head = tiny_head(runner, noise=0.3)
@@ -212,6 +213,7 @@ def test_candidate_windows_cover_the_response():
     assert lengths.tolist() == list(range(4, 15))  # L = 4 .. 18 − 4
 
 
+@cpu_training
 def test_unrolled_windows_draft_like_the_eagle_drafter(model):
     """The rollout's distributions at every window position equal the eagle drafter's chain,
     fed the same tokens: training sees exactly the regime decoding drafts in."""
@@ -244,6 +246,7 @@ def test_unrolled_windows_draft_like_the_eagle_drafter(model):
             torch.testing.assert_close(logp[1], logp[0])
 
 
+@cpu_training
 def test_sampled_windows_follow_the_generator(model):
     runner = DecoderRunner(model)
     head = tiny_head(runner, noise=0.3)
@@ -261,6 +264,7 @@ def test_sampled_windows_follow_the_generator(model):
     assert draw(0).shape == (16, 4) and not torch.equal(draw(0)[0::2], draw(0)[1::2])
 
 
+@cpu_training
 @pytest.mark.parametrize("reference", ["response", "greedy"])
 def test_judged_windows_equal_plain_target_forwards(model, reference):
     """One tree forward from the teacher-forced cache gives, for every drafted token, the
@@ -331,6 +335,7 @@ TRAIN = PpowConfig(
 )  # fmt: skip
 
 
+@cpu_training
 def test_training_runs_resumes_and_writes_a_loadable_head(tmp_path, monkeypatch):
     target = Loaded(tiny_target(torch.float32))
     init = tiny_head(target.runner, draft_vocab=80, noise=0.3)
@@ -373,6 +378,7 @@ def test_training_runs_resumes_and_writes_a_loadable_head(tmp_path, monkeypatch)
         )  # fmt: skip
 
 
+@cpu_training
 def test_measured_gamma_and_bf16_rollouts(tmp_path):
     target = Loaded(tiny_target(torch.float32))
     init = tiny_head(target.runner, noise=0.3)
@@ -384,6 +390,7 @@ def test_measured_gamma_and_bf16_rollouts(tmp_path):
     assert state["gamma"] > 0
 
 
+@cpu_training
 def test_continued_distillation_takes_the_same_number_of_updates(tmp_path):
     target = Loaded(tiny_target(torch.float32))
     init = tiny_head(target.runner, draft_vocab=80, noise=0.3)

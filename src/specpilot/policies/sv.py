@@ -56,7 +56,7 @@ def indicators(
             "vocabulary cannot be used with SV)"
         )
     similarity = torch.minimum(draft_probs, companion_probs).sum(-1)
-    index = torch.tensor(tokens, dtype=torch.long).unsqueeze(-1)
+    index = torch.tensor(tokens, dtype=torch.long, device=draft_probs.device).unsqueeze(-1)
     return similarity, acceptance_ratio(companion_probs, draft_probs, index)[:, 0]
 
 
@@ -148,7 +148,10 @@ class SvVerifyPolicy:
             draft_probs = indicator_probs(proposal.draft_logits, sampling)
             companion_probs = indicator_probs(logits, sampling)
             similarity, acceptance = indicators(draft_probs, companion_probs, proposal.tokens)
-            p = [float(x) for x in self.table.lookup(similarity.numpy(), acceptance.numpy())]
+            p = [
+                float(x)
+                for x in self.table.lookup(similarity.cpu().numpy(), acceptance.cpu().numpy())
+            ]
             realized.append(p)
             if sampling.greedy:
                 forecasts.append(p)
@@ -162,9 +165,9 @@ class SvVerifyPolicy:
         acceptance = acceptance_ratio(companion_probs, draft_probs, top)
         s = similarity[:, None].expand_as(acceptance)
         p = torch.from_numpy(
-            self.table.lookup(s.reshape(-1).numpy(), acceptance.reshape(-1).numpy())
+            self.table.lookup(s.reshape(-1).cpu().numpy(), acceptance.reshape(-1).cpu().numpy())
         )
-        p = p.reshape(acceptance.shape).to(weights.dtype)
+        p = p.reshape(acceptance.shape).to(weights.device, weights.dtype)
         return ((weights * p).sum(-1) / weights.sum(-1).clamp_min(1e-30)).tolist()
 
     def select(self, sequences, proposals: list[Proposal], slots, samplings) -> list[int]:

@@ -42,7 +42,7 @@ def verify_sampling(
     """Rejection sampling. draft_probs: [k, vocab] or None (deterministic draft = one-hot q);
     target_probs: [k + 1, vocab]. Draws k uniforms, then at most one token, from `generator`."""
     k = len(draft_tokens)
-    index = torch.tensor(draft_tokens, dtype=torch.long)
+    index = torch.tensor(draft_tokens, dtype=torch.long, device=target_probs.device)
     p = target_probs[:k].gather(-1, index[:, None]).squeeze(-1)  # [k]
     q = (
         torch.ones_like(p)
@@ -50,6 +50,7 @@ def verify_sampling(
         else draft_probs.gather(-1, index[:, None]).squeeze(-1)
     )
     uniforms = torch.rand(k, generator=generator, dtype=p.dtype)
+    p, q = p.to(uniforms.device), q.to(uniforms.device)  # the generator's (CPU) side
     rejected = (uniforms * q >= p).tolist()  # u < p/q accepts; written without dividing by q
     num_accepted = rejected.index(True) if True in rejected else k
     if num_accepted == k:

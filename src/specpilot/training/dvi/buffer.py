@@ -22,6 +22,10 @@ class Batch:
     positions: torch.Tensor  # [n] 1-based position in its block
     prev_tokens: torch.Tensor  # [n] token id before the drafted one
 
+    def to(self, device: torch.device) -> Batch:
+        """The batch on `device` (the buffer lives in CPU memory; the head may be on a GPU)."""
+        return Batch(**{name: getattr(self, name).to(device) for name in FIELDS})
+
 
 FIELDS = ("hidden", "actions", "target_logits", "rewards", "positions", "prev_tokens")
 

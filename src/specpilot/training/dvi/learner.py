@@ -116,17 +116,17 @@ class DviLearner:
         if self.on_step is not None:
             self.on_step(metrics)
 
-    def _draft_logits(self, batch: Batch) -> torch.Tensor:
-        return self.head(batch.hidden.to(self.head.rows.device))
-
     def losses(self, weights: LossWeights, replay: Batch, fresh: Batch | None) -> dict:
         """Every loss term with a non-zero weight, and their weighted sum under "loss"."""
         config = self.config
+        device = self.head.rows.device
+        replay = replay.to(device)
+        fresh = None if fresh is None else fresh.to(device)
         terms: dict[str, torch.Tensor] = {}
         replay_needed = weights.pg or weights.kl or weights.ce or weights.entropy
         if replay_needed:
-            logits = self._draft_logits(replay)
-            target = replay.target_logits.to(logits.device)
+            logits = self.head(replay.hidden)
+            target = replay.target_logits
             if weights.pg:
                 terms["pg"] = losses.reward_masked_nll(logits, replay.actions, replay.rewards)
             if weights.kl:
@@ -147,7 +147,7 @@ class DviLearner:
             - weights.entropy * terms.get("entropy", 0.0)
         )
         if weights.policy and fresh is not None:
-            logits = self._draft_logits(fresh)
+            logits = self.head(fresh.hidden)
             terms["reinforce"] = losses.reinforce(
                 logits, fresh.actions, fresh.rewards, self.baseline
             )

@@ -29,7 +29,7 @@ from specpilot.config import require
 from specpilot.drafting.eagle_head import EagleHead, EagleShape
 from specpilot.errors import ConfigError
 from specpilot.training.eagle.data import Sample
-from specpilot.training.eagle.features import sequence_features
+from specpilot.training.eagle.features import require_cpu_target, sequence_features
 from specpilot.training.eagle.losses import chain_accepted_length, unrolled_losses
 
 HEAD_DIR = "head"
@@ -142,6 +142,7 @@ def train_eagle(
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     runner = target.runner
+    require_cpu_target(runner, "train-eagle")
     train, valid = split_samples(samples, config.valid_samples, config.max_seq_tokens)
     special = [*target.tokenizer.all_special_ids, *target.tokenizer.added_tokens_decoder]
     head, state = _start_or_resume(out, runner, train, shape, config, special, init)

@@ -29,7 +29,11 @@ from tqdm import tqdm
 from specpilot.drafting.eagle_head import EagleHead
 from specpilot.errors import ConfigError
 from specpilot.training.eagle.data import Sample
-from specpilot.training.eagle.features import SequenceFeatures, sequence_features
+from specpilot.training.eagle.features import (
+    SequenceFeatures,
+    require_cpu_target,
+    sequence_features,
+)
 from specpilot.training.eagle.trainer import (
     HEAD_DIR,
     LOG_FILE,
@@ -80,6 +84,7 @@ def train_ppow(
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     runner = target.runner
+    require_cpu_target(runner, "train-ppow")
     train, valid = split_samples(samples, config.valid_samples, config.max_seq_tokens)
     candidates = candidate_windows(train, config.window)
     if candidates[0].numel() == 0:
