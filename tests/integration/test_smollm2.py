@@ -2,6 +2,8 @@
 
 The target runs in float32 so that plain decoding and verification see the same argmax; the draft
 is the same weights in bfloat16, which disagrees now and then, so verification really rejects.
+The feature drafter runs with the heads committed for SmolLM2: the distilled one and the one PPOW
+trained from it.
 """
 
 from __future__ import annotations
@@ -35,7 +37,14 @@ def plain_outputs(models):
 
 @pytest.mark.parametrize(
     "drafter, policy, options",
-    [("model", "constant", {"k": 3}), ("model", "heuristic", {}), ("ngram", "constant", {"k": 4})],
+    [
+        ("model", "constant", {"k": 3}),
+        ("model", "heuristic", {}),
+        ("ngram", "constant", {"k": 4}),
+        # The committed feature heads (distilled, and PPOW-trained from it) on EAGLE-2 trees.
+        ("eagle", "constant", {"drafter_options": {}}),
+        ("eagle", "constant", {"drafter_options": {"head": "ppow"}}),
+    ],
 )
 def test_speculative_equals_plain_greedy(models, plain_outputs, drafter, policy, options):
     engine = build_engine(models, drafter=drafter, policy=policy, **options)
