@@ -116,5 +116,5 @@ def test_training_refuses_a_target_off_the_cpu():
     """The head trains beside a CPU target; a GPU-loaded one is a clear error up front, not a
     device mismatch mid-run."""
     runner = SimpleNamespace(device=torch.device("cuda"))
-    with pytest.raises(ConfigError, match="train-ppow trains on the CPU: load the target"):
-        require_cpu_target(runner, "train-ppow")
+    with pytest.raises(ConfigError, match="trains on the CPU: load the target with device='cpu'"):
+        require_cpu_target(runner)

@@ -18,13 +18,14 @@ from specpilot.errors import ConfigError
 from specpilot.training.eagle.data import Sample
 
 
-def require_cpu_target(runner, command: str) -> None:
-    """The feature head trains on the CPU beside a CPU target: its features, rollouts and
-    optimiser state are built there (this project's machines have no GPU), so a target on
-    another device is refused up front rather than failing mid-run on mixed devices."""
+def require_cpu_target(runner) -> None:
+    """The feature head trains on the CPU beside a CPU target (train-eagle, train-ppow and its
+    distillation baseline): its features, rollouts and optimiser state are built there (this
+    project's machines have no GPU), so a target on another device is refused up front rather
+    than failing mid-run on mixed devices."""
     if runner.device.type != "cpu":
         raise ConfigError(
-            f"{command} trains on the CPU: load the target with device='cpu' "
+            "the eagle head trains on the CPU: load the target with device='cpu' "
             f"(it is on {runner.device})"
         )
 

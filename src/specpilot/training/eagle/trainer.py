@@ -142,7 +142,7 @@ def train_eagle(
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     runner = target.runner
-    require_cpu_target(runner, "train-eagle")
+    require_cpu_target(runner)
     train, valid = split_samples(samples, config.valid_samples, config.max_seq_tokens)
     special = [*target.tokenizer.all_special_ids, *target.tokenizer.added_tokens_decoder]
     head, state = _start_or_resume(out, runner, train, shape, config, special, init)

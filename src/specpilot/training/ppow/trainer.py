@@ -84,7 +84,7 @@ def train_ppow(
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     runner = target.runner
-    require_cpu_target(runner, "train-ppow")
+    require_cpu_target(runner)
     train, valid = split_samples(samples, config.valid_samples, config.max_seq_tokens)
     candidates = candidate_windows(train, config.window)
     if candidates[0].numel() == 0:
