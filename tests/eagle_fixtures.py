@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from tiny import tiny_model, tiny_tokenizer
+from tiny import seeded_noise, tiny_model, tiny_tokenizer
 
 from specpilot.drafting.eagle_head import EagleHead, EagleShape
 from specpilot.models.decoder import DecoderRunner
@@ -26,6 +26,5 @@ def tiny_head(runner: DecoderRunner, draft_vocab: int | None = None, noise: floa
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in head.parameters():
-            noise_draw = torch.randn(p.shape, generator=generator).to(p.device)
-            p.add_(noise_draw * noise * (p.std() + 1e-3))
+            p.add_(seeded_noise(p, generator) * noise * (p.std() + 1e-3))
     return head.double() if runner.dtype == torch.float64 else head

@@ -101,6 +101,12 @@ class TinyTokenizer:
         return "".join(f" t{i}" for i in ids if not (skip_special_tokens and i == 2))
 
 
+def seeded_noise(p: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """Standard Gaussian noise shaped like `p`, drawn from a CPU generator (the same numbers on
+    every device) and moved to `p`'s device."""
+    return torch.randn(p.shape, generator=generator, dtype=p.dtype).to(p.device)
+
+
 def perturbed(model, scale: float, seed: int = 123):
     """`model` with Gaussian noise on every weight: a draft that agrees often, not always."""
     import copy
@@ -109,8 +115,7 @@ def perturbed(model, scale: float, seed: int = 123):
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in draft.parameters():
-            noise = torch.randn(p.shape, generator=generator, dtype=p.dtype).to(p.device)
-            p.add_(noise * scale * p.std())
+            p.add_(seeded_noise(p, generator) * scale * p.std())
     return draft
 
 

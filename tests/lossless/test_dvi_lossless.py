@@ -10,7 +10,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 from test_engine_sampling import PROMPT, VOCAB, accept_everything, exact_joint_distribution
-from tiny import TinyTokenizer, tiny_model
+from tiny import TinyTokenizer, seeded_noise, tiny_model
 
 import specpilot.engine.speculative as speculative
 from specpilot.config import GenerationConfig, SamplingConfig
@@ -42,7 +42,7 @@ def trained_head(runner, split, token_ids=None, std=0.5, seed=0) -> DraftHead:
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in head.lora_parameters():
-            p.copy_(torch.randn(p.shape, generator=generator, dtype=p.dtype) * std)
+            p.copy_(seeded_noise(p, generator) * std)
         head.log_scale.fill_(-0.3)
     assert head.lora.lora_B["default"].weight.abs().min() > 0
     return head

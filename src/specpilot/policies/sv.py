@@ -148,10 +148,7 @@ class SvVerifyPolicy:
             draft_probs = indicator_probs(proposal.draft_logits, sampling)
             companion_probs = indicator_probs(logits, sampling)
             similarity, acceptance = indicators(draft_probs, companion_probs, proposal.tokens)
-            p = [
-                float(x)
-                for x in self.table.lookup(similarity.cpu().numpy(), acceptance.cpu().numpy())
-            ]
+            p = [float(x) for x in self.table.lookup(similarity, acceptance)]
             realized.append(p)
             if sampling.greedy:
                 forecasts.append(p)
@@ -164,9 +161,7 @@ class SvVerifyPolicy:
         weights, top = draft_probs.topk(min(FORECAST_TOP, draft_probs.shape[-1]), dim=-1)
         acceptance = acceptance_ratio(companion_probs, draft_probs, top)
         s = similarity[:, None].expand_as(acceptance)
-        p = torch.from_numpy(
-            self.table.lookup(s.reshape(-1).cpu().numpy(), acceptance.reshape(-1).cpu().numpy())
-        )
+        p = torch.from_numpy(self.table.lookup(s.reshape(-1), acceptance.reshape(-1)))
         p = p.reshape(acceptance.shape).to(weights.device, weights.dtype)
         return ((weights * p).sum(-1) / weights.sum(-1).clamp_min(1e-30)).tolist()
 
