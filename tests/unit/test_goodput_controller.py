@@ -146,6 +146,18 @@ def test_latency_curve_is_monotone_and_scales_its_prior():
         LatencyCurve()(1)
 
 
+def test_of_two_timings_the_curve_takes_the_faster():
+    """A CPU's timing noise is one-sided (other work, a new shape's first forward), so of an even
+    count the lower middle sample is the size's estimate; from three on, the median."""
+    curve = LatencyCurve()
+    curve.add(2, 0.206)
+    curve.add(3, 0.305)  # the first forward of a new shape
+    curve.add(3, 0.209)
+    assert curve(3) == pytest.approx(0.209)
+    curve.add(3, 0.210)
+    assert curve(3) == pytest.approx(0.210)
+
+
 def test_draft_curve_is_proportional():
     curve = LatencyCurve(proportional=True)
     assert curve(3) == 0.0  # nothing measured: optimistic, so drafting gets tried
@@ -252,10 +264,14 @@ def test_probes_are_frequent_where_drafting_nearly_pays():
 def test_no_probes_where_even_drafts_always_accepted_would_not_pay():
     """Where the verify curve and the draft cost alone rule drafting out (each verified token
     costs a plain step), acceptance is not worth learning: no exploring, a probe only every
-    MAX_PROBE_GAP idle steps to re-time drafting. With a flat curve the same controller explores."""
+    MAX_PROBE_GAP idle steps to re-time drafting, once the probe's size is timed twice (one
+    timing may be a new shape's one-off cost: until then a probe re-times it at once). With a
+    flat curve the same controller explores."""
     policies = [GoodputPolicy(max_k=4) for _ in range(4)]
     steep = controller(lambda n: 0.1 * n, draft=lambda u: 0.01 * u)
     assert steep.long_run.tested_at(0) < EXPLORE_SAMPLES
+    assert sum(steep.plan(policies, [4] * 4)) == 1  # T_verify(5) was timed once: re-timed
+    steep.verify.add(5, 0.5)
     assert all(steep.plan(policies, [4] * 4) == [0] * 4 for _ in range(20))
     steep.idle = MAX_PROBE_GAP - 1
     assert sum(steep.plan(policies, [4] * 4)) == 1

@@ -66,6 +66,14 @@ spell of rejections is half forgotten after ~7 such steps (untuned)."""
 MAX_PROBE_GAP = 512
 """The most steps without drafting between two probes."""
 
+RETIME_SAMPLES = 2
+"""Timings of a probe's verification size the controller needs before it trusts a verdict that
+drafting cannot pay even if always accepted, which puts probes MAX_PROBE_GAP steps apart: a
+timing may carry a one-off cost (the kernels a new shape builds on its first forward). In a
+batch-2 run's warm-up the first 3-token verification took 305 ms, the next 209 ms (as later
+ones did); their median, then the estimate, ruled drafting out on all 8 prompts, where constant
+k = 1 paid 3 % (the curve now takes the lower of two, latency.py)."""
+
 RESUME_HORIZON = 16
 """Steps a row that resumes drafting is expected to go on drafting: the one-time cost of
 catching its drafter up is charged to a plan at 1/RESUME_HORIZON of it per step (untuned)."""
@@ -374,11 +382,13 @@ class GoodputController:
         """Idle steps due before the next probe. Where even drafts that are always accepted
         would not pay (the verify curve and draft cost alone rule drafting out, as at batch 4 and
         up with the 0.5B draft on the AVX2 EPYC), acceptance is not worth learning: probe only
-        every MAX_PROBE_GAP steps, to re-time drafting. Otherwise at once while the batch-wide
+        every MAX_PROBE_GAP steps, to re-time drafting, once the probe's verification size is
+        timed RETIME_SAMPLES times (before, at once). Otherwise at once while the batch-wide
         acceptance is unknown (EXPLORE_SAMPLES), then at probe_gap."""
         perfect = [[1.0] * len(forecast) for forecast in forecasts]
         if not any(self._optimal(perfect, catch_up, remaining)[0]):
-            return MAX_PROBE_GAP
+            timed = self.verify.measured(len(forecasts) + round(self.nodes(1)))
+            return MAX_PROBE_GAP if timed >= RETIME_SAMPLES else 0
         if self.long_run.tested_at(0) < EXPLORE_SAMPLES:
             return 0
         return self.probe_gap(probe, forecasts, catch_up)

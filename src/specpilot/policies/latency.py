@@ -6,11 +6,14 @@ an order of magnitude between machines (a float32-only CPU pays ~4x for 8 tokens
 ~1.1x), so they are measured, not assumed: every step adds one (size, seconds) sample.
 
 Estimator, chosen for a CPU shared with other work: per size, the median of its last `window`
-samples (a step slowed by another process is an outlier the median ignores, and old samples
-age out as the context grows); the medians then made non-decreasing in the size by weighted
-pool-adjacent-violators (more work never takes less time); linear between sizes. A prior curve
-(a `specpilot profile` JSON) fills sizes never measured, scaled by the median ratio of measured
-to prior where both exist (load and context differ from when it was profiled).
+samples, the lower middle one of an even count (a step slowed by another process is an outlier
+the median ignores, and old samples age out as the context grows; the noise is one-sided, since
+other work and the kernels a new shape builds on its first forward only slow a step, so of two
+samples the faster is the better guess: at batch 2 the first 3-token verification took 305 ms,
+the next 209 ms, as later ones did); the medians then made non-decreasing in the size by
+weighted pool-adjacent-violators (more work never takes less time); linear between sizes. A
+prior curve (a `specpilot profile` JSON) fills sizes never measured, scaled by the median ratio
+of measured to prior where both exist (load and context differ from when it was profiled).
 """
 
 from __future__ import annotations
@@ -119,7 +122,7 @@ class LatencyCurve:
         return self._points
 
     def _fit(self) -> list[tuple[float, float]]:
-        medians = {n: (statistics.median(s), len(s)) for n, s in self.samples.items()}
+        medians = {n: (statistics.median_low(s), len(s)) for n, s in self.samples.items()}
         ratios = [medians[n][0] / t for n, t in self.prior.items() if n in medians]
         scale = statistics.median(ratios) if ratios else 1.0
         for n, t in self.prior.items():
