@@ -377,6 +377,7 @@ def test_finishing_a_batch_plans_for_its_slowest_row_not_its_average_one():
 
 def test_observe_learns_verify_draft_and_tree_width():
     c = GoodputController(joint=False)
+    c.plan([GoodputPolicy(), GoodputPolicy()], [3, 0])  # the step observed below
     records = [StepRecord(3, 3, 1, 2, 0.0, 0.0, 9, 6), StepRecord(0, 0, 0, 1, 0.0, 0.0, 9, 0)]
     c.observe([3, 0], records, draft_s=0.3, verify_s=0.5, step_s=1.0)
     assert c.verify.measured(2 + 6) == 1 and c.draft(3) == pytest.approx(0.3)
@@ -439,6 +440,7 @@ def test_a_stale_spell_of_rejections_fades_to_the_long_run_acceptance():
     c.acceptance.tested, c.acceptance.accepted = [20.0], [4.0]
     policies = [GoodputPolicy(max_k=1)]
     idle = StepRecord(0, 0, 0, 1, 0.0, 0.0, 50, 0)
+    policies[0].observe(idle)  # past its request's first step
     budgets = []
     for _ in range(40):
         budgets.append(c.plan(policies, [1])[0])
@@ -464,3 +466,26 @@ def test_a_position_no_plan_reaches_is_explored_until_known():
     assert c.plan(policies, [1, 4]) == [1, 2]  # a row at its cap is not deepened
     c.long_run.tested, c.long_run.accepted = [100.0, EXPLORE_SAMPLES], [70.0, 4.0]
     assert c.plan(policies, [4, 4]) == [1, 1]
+
+
+def test_first_steps_are_learned_apart_from_the_rest_of_a_request():
+    """A request's first step drafts the answer's first token, which a draft model predicts
+    worst: rejected first steps teach the opening estimate, not the batch-wide acceptance or
+    the row's own, so the controller decodes first steps plainly and drafts from the next on."""
+    c = controller(lambda n: 1.0, draft=lambda u: 0.45 * u)  # one token pays iff a_1 > 0.45
+    c.long_run.tested, c.long_run.accepted = [100.0], [70.0]
+    rejected = StepRecord(1, 1, 0, 1, 0.45, 1.0, 50, 1)
+    for _ in range(10):  # ten requests whose first draft was rejected
+        policy = GoodputPolicy(max_k=1)
+        assert policy.opening
+        c.plan([policy], [1])  # (whatever it plans: the record says the row drafted)
+        c.observe([1], [rejected], 0.45, 1.0, 1.45)
+        policy.observe(rejected)
+        assert not policy.opening and policy.acceptance.tested_at(0) == 0
+    assert c.opening.tested_at(0) > 0 and c.long_run.tested_at(0) == 100.0
+    policy = GoodputPolicy(max_k=1)
+    assert c.plan([policy], [1]) == [0]  # the next first step is decoded plainly
+    idle = StepRecord(0, 0, 0, 1, 0.0, 0.0, 50, 0)
+    c.observe([0], [idle], 0.0, 1.0, 1.0)
+    policy.observe(idle)
+    assert c.plan([policy], [1]) == [1]  # and the step after it drafts

@@ -169,6 +169,9 @@ class GoodputPolicy:
     """Whether the controller let this row draft on its last step (its drafter is caught up)."""
     drafted_ever: bool = field(default=False, init=False, repr=False)
     """Whether this request has drafted yet (if not, its drafter has the whole prompt to read)."""
+    opening: bool = field(default=True, init=False, repr=False)
+    """Whether the row's next step is its request's first, whose first draft token is the
+    answer's first token: forecast from the controller's opening estimate, not the row's own."""
 
     def __post_init__(self) -> None:
         require(1 <= self.max_k <= 64, f"goodput max_k must be in 1..64, got {self.max_k}")
@@ -178,6 +181,7 @@ class GoodputPolicy:
     def reset(self) -> None:
         self.acceptance = AcceptanceByPosition(self.memory)
         self.drafted_last = self.drafted_ever = False
+        self.opening = True
         self.prepare([], 0.0, None)
 
     def prepare(
@@ -211,7 +215,9 @@ class GoodputPolicy:
         return True
 
     def observe(self, record: StepRecord) -> None:
-        self.acceptance.add(record.num_verified, record.num_accepted)
+        if not self.opening:  # the answer's first token says little of the rest (Openings)
+            self.acceptance.add(record.num_verified, record.num_accepted)
+        self.opening = False
         if self.calibration is not None:
             tested = min(record.num_verified, record.num_accepted + 1, len(self.confidences))
             for i in range(tested):
@@ -278,7 +284,15 @@ class GoodputController:
     tokens accepted meanwhile when it resumes (`resume`). Both costs are learned per row from the
     steps that pay them and charged to plans that have a row catch up: at 1/RESUME_HORIZON per
     step when maximising tokens per second, so a large batch does not pay sixteen prompts'
-    catch-up for one step of drafting that does not pay; whole when finishing a batch."""
+    catch-up for one step of drafting that does not pay; whole when finishing a batch.
+
+    Openings: a request's first step drafts the answer's first token, which a draft model
+    predicts far worse than the tokens after it: with the 0.5B draft, constant k = 1 had it
+    accepted on 2 of 16 requests, then 88-100 % of first positions on the next seven steps and
+    ~70 % later (BENCHMARKS §10.12). So first steps are learned apart, batch-wide (`opening`, the
+    long-run estimate its prior), and teach neither the batch-wide acceptance nor the row's own:
+    a rejected first step had read as a weak row, and at batch 2 a third of rows then did not
+    draft on their second step, where drafts were accepted ~95 % of the time."""
 
     def __init__(
         self,
@@ -296,6 +310,10 @@ class GoodputController:
         self.other: deque[float] = deque(maxlen=window)
         self.acceptance = AcceptanceByPosition(memory)
         self.long_run = AcceptanceByPosition(LONG_RUN_MEMORY)
+        self.opening = AcceptanceByPosition(LONG_RUN_MEMORY)
+        """Acceptance at requests' first steps (Openings, above)."""
+        self.openings: list[bool] = []
+        """Which rows of the step planned last were at their request's first step."""
         self.calibration = ConfidenceCalibration(strength=strength)
         self.strength = strength
         self.fed_per_depth = 1.0
@@ -333,10 +351,11 @@ class GoodputController:
         depth = max(caps)
         long_run = self.long_run.estimates(depth, None, self.strength)
         prior = self.acceptance.estimates(depth, long_run, self.strength)
+        opening = self.opening.estimates(depth, long_run, self.strength)
         finish = remaining is not None and len(caps) > 1
         pooling = FINISH_POOLING if finish else None
         forecasts = [
-            policy.forecast(prior, pooling)[:cap]
+            (opening if policy.opening else policy.forecast(prior, pooling))[:cap]
             for policy, cap in zip(policies, caps, strict=True)
         ]
         catch_up = [self.catch_up(policy) for policy in policies]
@@ -346,9 +365,12 @@ class GoodputController:
         else:
             mode = remaining if finish else None
             tested = None
-            if finish:  # each row's own verified count per position (bottleneck_forecast)
+            if finish:  # each forecast's verified count per position (bottleneck_forecast)
                 tested = [
-                    [policy.acceptance.tested_at(i) for i in range(len(forecast))]
+                    [
+                        (self.opening if policy.opening else policy.acceptance).tested_at(i)
+                        for i in range(len(forecast))
+                    ]
                     for policy, forecast in zip(policies, forecasts, strict=True)
                 ]
             budgets, stop_gain = self._optimal(forecasts, catch_up, mode, tested)
@@ -457,6 +479,7 @@ class GoodputController:
         ]  # fmt: skip
         self.starting = sum(not policy.drafted_ever for policy in cold)
         self.resuming = len(cold) - self.starting
+        self.openings = [policy.opening for policy in policies]
         for policy, budget in zip(policies, budgets, strict=True):
             policy.drafted_last = budget > 0
             policy.drafted_ever = policy.drafted_ever or budget > 0
@@ -619,9 +642,15 @@ class GoodputController:
             if budget > 0:
                 known = self.nodes_by_budget.get(budget, record.num_nodes)
                 self.nodes_by_budget[budget] = 0.9 * known + 0.1 * record.num_nodes
-        verified = [record for record in records if record.num_verified]
-        for record in verified:  # a row that drafted nothing says nothing about the drafter
+        learned = False
+        for record, opening in zip(records, self.openings, strict=True):
+            if not record.num_verified:  # a row that drafted nothing says nothing of the drafter
+                continue
+            if opening:
+                self.opening.add(record.num_verified, record.num_accepted)
+                continue
             self.acceptance.add(record.num_verified, record.num_accepted)
             self.long_run.add(record.num_verified, record.num_accepted)
-        if not verified:  # an idle step: the recent estimate fades towards the long run
+            learned = True
+        if not learned:  # an idle step: the recent estimate fades towards the long run
             self.acceptance.fade(IDLE_MEMORY)
