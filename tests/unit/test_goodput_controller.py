@@ -482,7 +482,7 @@ def test_first_steps_are_learned_apart_from_the_rest_of_a_request():
         c.observe([1], [rejected], 0.45, 1.0, 1.45)
         policy.observe(rejected)
         assert not policy.opening and policy.acceptance.tested_at(0) == 0
-    assert c.opening.tested_at(0) > 0 and c.long_run.tested_at(0) == 100.0
+    assert c.opening_acceptance.tested_at(0) > 0 and c.long_run.tested_at(0) == 100.0
     policy = GoodputPolicy(max_k=1)
     assert c.plan([policy], [1]) == [0]  # the next first step is decoded plainly
     idle = StepRecord(0, 0, 0, 1, 0.0, 0.0, 50, 0)

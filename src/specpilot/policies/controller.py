@@ -287,12 +287,12 @@ class GoodputController:
     catch-up for one step of drafting that does not pay; whole when finishing a batch.
 
     Openings: a request's first step drafts the answer's first token, which a draft model
-    predicts far worse than the tokens after it: with the 0.5B draft, constant k = 1 had it
-    accepted on 2 of 16 requests, then 88-100 % of first positions on the next seven steps and
-    ~70 % later (BENCHMARKS §10.12). So first steps are learned apart, batch-wide (`opening`, the
-    long-run estimate its prior), and teach neither the batch-wide acceptance nor the row's own:
-    a rejected first step had read as a weak row, and at batch 2 a third of rows then did not
-    draft on their second step, where drafts were accepted ~95 % of the time."""
+    predicts far worse than the tokens after it: with the 0.5B draft at batch 4, constant k = 1
+    had it accepted on 2 of 16 requests, then 88-100 % of first positions at each of the next
+    seven steps and ~70 % later (BENCHMARKS §10.12). So first steps are learned apart,
+    batch-wide (`opening_acceptance`, the long-run estimate its prior), and teach neither the
+    batch-wide acceptance nor the row's own: a rejected first step had read as a weak row, and
+    at batch 2 a third of rows then did not draft on their second step."""
 
     def __init__(
         self,
@@ -310,9 +310,9 @@ class GoodputController:
         self.other: deque[float] = deque(maxlen=window)
         self.acceptance = AcceptanceByPosition(memory)
         self.long_run = AcceptanceByPosition(LONG_RUN_MEMORY)
-        self.opening = AcceptanceByPosition(LONG_RUN_MEMORY)
+        self.opening_acceptance = AcceptanceByPosition(LONG_RUN_MEMORY)
         """Acceptance at requests' first steps (Openings, above)."""
-        self.openings: list[bool] = []
+        self.opening_rows: list[bool] = []
         """Which rows of the step planned last were at their request's first step."""
         self.calibration = ConfidenceCalibration(strength=strength)
         self.strength = strength
@@ -351,7 +351,7 @@ class GoodputController:
         depth = max(caps)
         long_run = self.long_run.estimates(depth, None, self.strength)
         prior = self.acceptance.estimates(depth, long_run, self.strength)
-        opening = self.opening.estimates(depth, long_run, self.strength)
+        opening = self.opening_acceptance.estimates(depth, long_run, self.strength)
         finish = remaining is not None and len(caps) > 1
         pooling = FINISH_POOLING if finish else None
         forecasts = [
@@ -367,10 +367,7 @@ class GoodputController:
             tested = None
             if finish:  # each forecast's verified count per position (bottleneck_forecast)
                 tested = [
-                    [
-                        (self.opening if policy.opening else policy.acceptance).tested_at(i)
-                        for i in range(len(forecast))
-                    ]
+                    [self._counted_in(policy).tested_at(i) for i in range(len(forecast))]
                     for policy, forecast in zip(policies, forecasts, strict=True)
                 ]
             budgets, stop_gain = self._optimal(forecasts, catch_up, mode, tested)
@@ -381,6 +378,11 @@ class GoodputController:
         for policy, forecast in zip(policies, forecasts, strict=True):
             policy.prepare(forecast, stop_gain, self.calibration)
         return self._remember(policies, budgets)
+
+    def _counted_in(self, policy: GoodputPolicy) -> AcceptanceByPosition:
+        """The estimate a row's forecast rests on: the opening one at its request's first step,
+        else its own."""
+        return self.opening_acceptance if policy.opening else policy.acceptance
 
     def _optimal(
         self,
@@ -479,7 +481,7 @@ class GoodputController:
         ]  # fmt: skip
         self.starting = sum(not policy.drafted_ever for policy in cold)
         self.resuming = len(cold) - self.starting
-        self.openings = [policy.opening for policy in policies]
+        self.opening_rows = [policy.opening for policy in policies]
         for policy, budget in zip(policies, budgets, strict=True):
             policy.drafted_last = budget > 0
             policy.drafted_ever = policy.drafted_ever or budget > 0
@@ -643,11 +645,11 @@ class GoodputController:
                 known = self.nodes_by_budget.get(budget, record.num_nodes)
                 self.nodes_by_budget[budget] = 0.9 * known + 0.1 * record.num_nodes
         learned = False
-        for record, opening in zip(records, self.openings, strict=True):
+        for record, opening in zip(records, self.opening_rows, strict=True):
             if not record.num_verified:  # a row that drafted nothing says nothing of the drafter
                 continue
             if opening:
-                self.opening.add(record.num_verified, record.num_accepted)
+                self.opening_acceptance.add(record.num_verified, record.num_accepted)
                 continue
             self.acceptance.add(record.num_verified, record.num_accepted)
             self.long_run.add(record.num_verified, record.num_accepted)
