@@ -2,7 +2,7 @@
 
 from specpilot import load_models, build_engine, GenerationConfig
 models = load_models()                      # offline Qwen2.5-Coder 1.5B target + 0.5B draft
-engine = build_engine(models, drafter="model", policy="constant", k=4)
+engine = build_engine(models)                # the draft model, the goodput controller
 result = engine.generate("Write a haiku about caches.", GenerationConfig(max_new_tokens=64))
 print(result.text, result.stats.mean_accepted_tokens)
 """

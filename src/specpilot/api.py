@@ -53,21 +53,39 @@ def load_models(
     return ModelPair(target_model, draft_model)
 
 
+def default_policy(
+    drafter: str, policy_options: dict, verify_policy: VerifyPolicy | None = None
+) -> str:
+    """The policy a method runs when none is named. For the draft model, the goodput controller:
+    it drafts only where this machine's measured latency and the rows' acceptance say it pays
+    (greedy bf16: within 2 % of the best of plain decoding and constant k at every batch size
+    1-32, where constant k lost up to 32 %; BENCHMARKS §10.13). Constant where a fixed draft
+    length is asked for (`k`, or a verify policy of the caller's) and for the other drafters,
+    whose default depths were measured constant (the eagle tree, prompt lookup, DVI) and are
+    not yet measured under the controller."""
+    if drafter != "model" or "k" in policy_options or verify_policy is not None:
+        return "constant"
+    return "goodput"
+
+
 def build_engine(
     models: ModelPair,
     drafter: str = "model",
-    policy: str | DraftPolicy = "constant",
+    policy: str | DraftPolicy | None = None,
     drafter_options: dict | None = None,
     verify_policy: VerifyPolicy | None = None,
     **policy_options,
 ) -> SpeculativeEngine:
     """An engine from names: drafter in registry.DRAFTERS (with `drafter_options`, see
-    registry.make_drafter); policy a name in registry.POLICIES (with its options) or a ready
-    DraftPolicy; `verify_policy` a ready VerifyPolicy (default: verify every drafted token).
+    registry.make_drafter); policy a name in registry.POLICIES (with its options), a ready
+    DraftPolicy, or None for `default_policy`'s choice; `verify_policy` a ready VerifyPolicy
+    (default: verify every drafted token).
     "sv" drafts a constant gamma_max and verifies SV's chosen prefix (options sv_profile,
     companion, gamma_max, plus_one; see make_sv). "goodput" plans every step's draft lengths
     with the goodput controller (options: see make_goodput)."""
     target = models.target
+    if policy is None:
+        policy = default_policy(drafter, policy_options, verify_policy)
     if policy in ("sv", "goodput") and verify_policy is not None:
         raise ConfigError(f"policy {policy!r} brings its own verify policy; pass no verify_policy")
     if policy == "sv":

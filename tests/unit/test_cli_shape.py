@@ -13,6 +13,7 @@ from tiny import TinyTokenizer, perturbed, save_tiny, tiny_model
 
 from specpilot import cli
 from specpilot.api import build_engine, load_models
+from specpilot.cli.common import add_method_arguments, add_model_arguments, engine_builder
 from specpilot.config import GenerationConfig
 from specpilot.drafting import ModelDrafter
 from specpilot.drafting.layer_split import SharedShallowTarget
@@ -20,6 +21,7 @@ from specpilot.engine import SpeculativeEngine
 from specpilot.errors import ConfigError
 from specpilot.models.decoder import DecoderRunner
 from specpilot.policies import ConstantPolicy
+from specpilot.policies.controller import GoodputController
 from specpilot.policies.verify import VerifyAll
 from specpilot.training.dvi import DviTrainConfig
 from specpilot.training.dvi.trainer import TrainDviOptions
@@ -124,3 +126,33 @@ def test_build_engine_takes_a_ready_verify_policy(models):
     assert build_engine(models, "none", verify_policy=policy).verify_policy is policy
     with pytest.raises(ConfigError, match="brings its own verify policy"):
         build_engine(models, "none", "sv", verify_policy=policy)
+
+
+def test_without_a_policy_the_goodput_controller_decides(tmp_path, models):
+    """The default policy is goodput for the draft model, constant where a fixed draft length
+    is asked for and for the other drafters (api.default_policy); the CLI resolves a missing
+    --policy the same way."""
+    draft = save_tiny(tmp_path / "draft", seed=1)
+    pair = load_models(models.target.path, str(draft), "float32", "cpu", 64)
+    assert isinstance(build_engine(pair).planner, GoodputController)
+    fixed = [
+        build_engine(pair, k=3),
+        build_engine(pair, verify_policy=VerifyAll()),
+        build_engine(models, "ngram"),
+        build_engine(models, "none"),
+        build_engine(models, "dvi", drafter_options={"learn": True}),
+    ]
+    for engine in fixed:
+        assert engine.planner is None and isinstance(engine.draft_policy, ConstantPolicy)
+    assert build_engine(pair, k=3).draft_policy.k == 3
+    parser = argparse.ArgumentParser()
+    add_model_arguments(parser, max_new_tokens=8)
+    add_method_arguments(parser)
+    for argv, policy in [
+        ([], "goodput"),
+        (["--k", "2"], "constant"),
+        (["--drafter", "ngram"], "constant"),
+    ]:
+        args = parser.parse_args(argv)
+        engine_builder(args)
+        assert args.policy == policy

@@ -13,6 +13,7 @@ from specpilot.api import (
     DEFAULT_TARGET,
     ModelPair,
     build_engine,
+    default_policy,
     load_models,
 )
 from specpilot.config import GenerationConfig, SamplingConfig
@@ -20,7 +21,6 @@ from specpilot.errors import ConfigError
 from specpilot.models.loading import resolve_dtype
 from specpilot.registry import DRAFTERS, POLICIES, make_draft_policy
 
-DEFAULT_POLICY = "constant"
 BATCH_HELP = "prompts decoded together (each row accepts its own number of tokens per step)"
 VOCAB_CORPUS_HELP = (
     "with --draft-vocab N: the N tokens most frequent in this text or JSONL file "
@@ -77,9 +77,16 @@ def add_method_arguments(parser: argparse.ArgumentParser) -> None:
         help="--drafter model/dvi: verify the draft's top N first tokens, a tree (default 1: a "
         "chain)",
     )
-    parser.add_argument("--policy", choices=sorted(POLICIES), default=DEFAULT_POLICY)
     parser.add_argument(
-        "--k", type=int, default=None, help=f"draft length for --policy constant ({DEFAULT_K})"
+        "--policy",
+        choices=sorted(POLICIES),
+        help="default: goodput with --drafter model, else constant (and with --k)",
+    )
+    parser.add_argument(
+        "--k",
+        type=int,
+        default=None,
+        help=f"draft length for --policy constant ({DEFAULT_K}; alone it picks constant)",
     )
     parser.add_argument(
         "--policy-option",
@@ -186,7 +193,10 @@ def policy_options(args: argparse.Namespace) -> dict[str, str]:
 def engine_builder(args: argparse.Namespace, learn: bool = False):
     """Check the method flags (drafter, policy and their options) before any model is loaded;
     return the draft model to load (None when the drafter needs none) and `build(models)`,
-    which makes the engine."""
+    which makes the engine. No --policy: api.default_policy's choice."""
+    if args.policy is None:
+        fixed = {} if args.k is None else {"k": args.k}
+        args.policy = default_policy(args.drafter, fixed)
     options = policy_options(args)
     if args.policy in ("sv", "goodput"):  # built with the models; validate before loading
         from specpilot.policies.sv import read_sv_profile
