@@ -53,17 +53,15 @@ def load_models(
     return ModelPair(target_model, draft_model)
 
 
-def default_policy(
-    drafter: str, policy_options: dict, verify_policy: VerifyPolicy | None = None
-) -> str:
+def default_policy(drafter: str, fixed_length: bool = False) -> str:
     """The policy a method runs when none is named. For the draft model, the goodput controller:
     it drafts only where this machine's measured latency and the rows' acceptance say it pays
     (greedy bf16: within 2 % of the best of plain decoding and constant k at every batch size
-    1-32, where constant k lost up to 32 %; BENCHMARKS §10.13). Constant where a fixed draft
-    length is asked for (`k`, or a verify policy of the caller's) and for the other drafters,
+    1-32, where constant k lost up to 32 %; BENCHMARKS §10.13). Constant where the caller asks
+    for a `fixed_length` (a `k`, or a verify policy of its own) and for the other drafters,
     whose default depths were measured constant (the eagle tree, prompt lookup, DVI) and are
     not yet measured under the controller."""
-    if drafter != "model" or "k" in policy_options or verify_policy is not None:
+    if drafter != "model" or fixed_length:
         return "constant"
     return "goodput"
 
@@ -85,7 +83,7 @@ def build_engine(
     with the goodput controller (options: see make_goodput)."""
     target = models.target
     if policy is None:
-        policy = default_policy(drafter, policy_options, verify_policy)
+        policy = default_policy(drafter, "k" in policy_options or verify_policy is not None)
     if policy in ("sv", "goodput") and verify_policy is not None:
         raise ConfigError(f"policy {policy!r} brings its own verify policy; pass no verify_policy")
     if policy == "sv":

@@ -195,8 +195,7 @@ def engine_builder(args: argparse.Namespace, learn: bool = False):
     return the draft model to load (None when the drafter needs none) and `build(models)`,
     which makes the engine. No --policy: api.default_policy's choice."""
     if args.policy is None:
-        fixed = {} if args.k is None else {"k": args.k}
-        args.policy = default_policy(args.drafter, fixed)
+        args.policy = default_policy(args.drafter, fixed_length=args.k is not None)
     options = policy_options(args)
     if args.policy in ("sv", "goodput"):  # built with the models; validate before loading
         from specpilot.policies.sv import read_sv_profile
