@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Issue 18's batch bench on the default pair (1.5B target, 0.5B draft): plain decoding, constant
 # k = 1, 2, 3, SV and the goodput controller at batch 1, 2, 4, 8, 16, 32 (greedy, 48 tokens,
-# 3 repeats), then plain, k = 2 and the controller at T = 0.7 at batch 1 and 16. Prompts: the
+# 3 repeats), then plain, k = 2, SV and the controller at T = 0.7 at batch 1 and 16. Prompts: the
 # last 32 AlpacaEval instructions of ../shared/data/alpaca_sample.jsonl (no eagle head or SV table
 # trained on them): the first 8 at batch 1 and 2 (a batch-1 run of all six methods costs ~3 min per
 # prompt here), 16 at batch 4 to 16, all 32 at batch 32 so that batch is full.
-# NO_SV=1 leaves SV out (its cost does not depend on the controller); K="1 2" sets the constant
-# k's; BATCHES="2 4" the greedy batch sizes (default all); NO_T07=1 leaves the T = 0.7 runs out.
+# SV_PROFILE=FILE is SV's table (default: the one profiled in BENCHMARKS §4 on another CPU); NO_SV=1
+# leaves SV out (its cost does not depend on the controller); K="1 2" sets the constant k's;
+# BATCHES="2 4" the greedy batch sizes (default all); NO_T07=1 leaves the T = 0.7 runs out.
 # Resumable: re-running it measures only what is missing (same CPU model). Then:
 #   specpilot plot-batches $OUT/greedy_b{1,2,4,8,16,32}.json
 #   python docs/bench/batch_table.py $OUT/greedy_b{1,2,4,8,16,32}.json
@@ -14,7 +15,7 @@ set -u
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/work/runs/goodput18}
 mkdir -p "$OUT"
-SV=(--method sd:policy=sv,sv_profile=docs/bench/sv_profile_ee8.json)
+SV=(--method sd:policy=sv,sv_profile=${SV_PROFILE:-docs/bench/sv_profile_ee8.json})
 [ -n "${NO_SV:-}" ] && SV=()
 bench() {  # name, batch, limit, flags...
   name=$1 batch=$2 limit=$3; shift 3
@@ -30,5 +31,6 @@ for B in ${BATCHES:-1 2 4 8 16 32}; do  # 8 prompts at batch 1 and 2, 16 up to 1
 done
 [ -n "${NO_T07:-}" ] && exit 0
 for B in 1 16; do
-  bench t07_b$B $B $((B == 1 ? 8 : 16)) --method sd:k=2 --method sd:policy=goodput --temperature 0.7
+  bench t07_b$B $B $((B == 1 ? 8 : 16)) --method sd:k=2 "${SV[@]}" --method sd:policy=goodput \
+    --temperature 0.7
 done

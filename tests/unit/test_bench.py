@@ -175,6 +175,17 @@ def test_batched_bench_is_lossless_and_reports_goodput(capsys, folders, tmp_path
     assert png.stat().st_size > 0
 
 
+def test_plot_legends_name_files_by_their_file_name():
+    from specpilot.bench.plots import method_label
+
+    assert method_label("ar") == "ar"
+    assert method_label("sd:k=2,policy=svip") == "sd:k=2,policy=svip"
+    assert (
+        method_label("sd:policy=sv,sv_profile=/work/runs/b/sv_profile_d12.json")
+        == "sd:policy=sv,sv_profile=sv_profile_d12.json"
+    )
+
+
 def test_prompt_sample_follows_the_seed(tmp_path):
     from specpilot.bench.run import select_prompts
 

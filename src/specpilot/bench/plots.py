@@ -10,6 +10,17 @@ matplotlib.use("Agg")  # files only; no display needed
 import matplotlib.pyplot as plt  # noqa: E402
 
 
+def method_label(method: str) -> str:
+    """A method spec as a legend shows it: option values that are file paths by their file name
+    (`sd:policy=sv,sv_profile=/work/runs/x/sv.json` → `sd:policy=sv,sv_profile=sv.json`)."""
+    name, sep, options = method.partition(":")
+    parts = [
+        f"{key}={Path(value).name}" if "/" in value else f"{key}{eq}{value}"
+        for key, eq, value in (option.partition("=") for option in options.split(","))
+    ]
+    return name + sep + ",".join(parts) if sep else method
+
+
 def _finish(fig, ax, path: Path) -> None:
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=7)
@@ -28,7 +39,12 @@ def _speedup_plot(rows: list[dict], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(min(14, 3 + 0.3 * len(categories) * max(1, len(methods))), 4.5))
     for i, method in enumerate(methods):
         xs = [c + i * width for c in range(len(categories))]
-        ax.bar(xs, [lookup.get((method, c), 0.0) for c in categories], width, label=method)
+        ax.bar(
+            xs,
+            [lookup.get((method, c), 0.0) for c in categories],
+            width,
+            label=method_label(method),
+        )
     ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
     ax.set_xticks([c + 0.4 - width / 2 for c in range(len(categories))], categories, rotation=30)
     ax.set_ylabel("speedup over plain decoding (ar)")
@@ -41,7 +57,7 @@ def _series_plot(rows: list[dict], path: Path, series, xlabel: str, ylabel: str,
     for row in rows:
         values = series(row) if row["category"] == "all" else None
         if values:
-            ax.plot(range(len(values)), values, label=row["method"], **style)
+            ax.plot(range(len(values)), values, label=method_label(row["method"]), **style)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     _finish(fig, ax, path)
@@ -101,7 +117,7 @@ def batch_goodput_plot(reports: list[dict], path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(6, 4))
     for method, series in points.items():
         sizes, speeds = zip(*sorted(series), strict=True)
-        ax.plot(sizes, speeds, marker="o", label=method[:40])
+        ax.plot(sizes, speeds, marker="o", label=method_label(method))
     ax.set_xscale("log", base=2)
     ax.set_xlabel("batch size")
     ax.set_ylabel("goodput (tokens/s over the batch)")
