@@ -9,16 +9,20 @@ import matplotlib
 matplotlib.use("Agg")  # files only; no display needed
 import matplotlib.pyplot as plt  # noqa: E402
 
+from specpilot.bench.methods import parse_method  # noqa: E402
+
 
 def method_label(method: str) -> str:
     """A method spec as a legend shows it: option values that are file paths by their file name
     (`sd:policy=sv,sv_profile=/work/runs/x/sv.json` → `sd:policy=sv,sv_profile=sv.json`)."""
-    name, sep, options = method.partition(":")
-    parts = [
-        f"{key}={Path(value).name}" if "/" in value else f"{key}{eq}{value}"
-        for key, eq, value in (option.partition("=") for option in options.split(","))
-    ]
-    return name + sep + ",".join(parts) if sep else method
+    spec = parse_method(method)
+    if not spec.options:
+        return method
+    options = (
+        f"{key}={Path(value).name if '/' in value else value}"
+        for key, value in spec.options.items()
+    )
+    return f"{spec.kind}:{','.join(options)}"
 
 
 def _finish(fig, ax, path: Path) -> None:
