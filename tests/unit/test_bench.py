@@ -217,6 +217,33 @@ def test_eagle_methods_in_bench(capsys, folders, tmp_path):
     assert rows[tree]["greedy_mismatches"] == rows[chain]["greedy_mismatches"] == 0
 
 
+def test_each_repeat_turns_the_order_of_the_methods(capsys, folders, monkeypatch):
+    """A method listed last must not run last in every repeat (after the same other method,
+    whatever that leaves behind in the machine): each repeat turns the last one's order by one."""
+    import specpilot.bench.harness as harness
+
+    calls = []
+    real = harness.make_method
+
+    def recording(spec, models, hf_models):
+        method = real(spec, models, hf_models)
+        run = method.run
+
+        def recorded(conversations, config):
+            calls.append(spec.text)
+            return run(conversations, config)
+
+        method.run = recorded
+        return method
+
+    monkeypatch.setattr(harness, "make_method", recording)
+    args = ("--method", "sd:k=1", "--method", "sd:k=3", "--repeats", "3", "--limit", "1")
+    assert bench(capsys, folders, *args)[0] == 0
+    per_prompt = ["ar", "sd:k=1", "sd:k=3", "sd:k=1", "sd:k=3", "ar", "sd:k=3", "ar", "sd:k=1"]
+    measured = calls[3:]  # after one warm-up run per method
+    assert measured and measured == per_prompt * (len(measured) // len(per_prompt))
+
+
 def test_an_interrupted_bench_resumes_from_its_run_log(capsys, folders, tmp_path, monkeypatch):
     """The raw runs of each finished prompt are logged beside the report: re-running the same
     command measures only what is missing (however many prompts were logged); a half-written line

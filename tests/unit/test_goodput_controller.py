@@ -338,6 +338,31 @@ def test_resuming_rows_pay_their_catch_up_in_the_plan():
     assert c.best_plan(forecasts, [cheap, cheap])[0] == warm
 
 
+def test_a_catch_up_is_spread_over_the_spells_rows_keep():
+    """Rows that stop drafting after a step or two pay a start whole: the plan spreads a
+    catch-up over the median spell rows ended lately (RESUME_HORIZON before any, and at most),
+    counting spells that ended with their request."""
+    c = controller(lambda n: 0.1 + 0.002 * n, draft=lambda u: 0.01 * u)
+    forecasts = [[0.8] * 4, [0.8] * 4]
+    start = 0.4  # seconds per row: worth it over 16 steps, not over one
+    assert c.horizon() == RESUME_HORIZON
+    assert all(c.best_plan(forecasts, [start, start])[0])
+    policies = [GoodputPolicy(max_k=4) for _ in range(2)]
+    c._remember(policies, [1, 1])
+    c._remember(policies, [0, 1])  # row 0 ends a one-step spell
+    assert list(c.spells) == [1] and c.horizon() == 1.0
+    assert c.best_plan(forecasts, [start, start])[0] == [0, 0]
+    policies[1].reset()  # row 1's request ends two steps into its spell
+    c._remember(policies, [0, 0])
+    assert list(c.spells) == [1, 2] and c.horizon() == 1.5
+    for _ in range(40):
+        c._remember(policies, [1, 1])
+    for policy in policies:
+        policy.reset()
+    c._remember(policies, [0, 0])
+    assert c.horizon() == RESUME_HORIZON  # median of 1, 2, 40, 40, capped
+
+
 def test_finishing_a_batch_follows_the_row_that_needs_most_steps():
     """When the caller waits for the last row, a row that is ahead gains nothing by drafting:
     only the rows that would finish last draft."""

@@ -1,7 +1,9 @@
 """Run methods side by side on identical prompts and aggregate what was measured.
 
 For each prompt (or batch of prompts of one category, with batch_size > 1), every method runs
-back to back (so slow drift of the machine hits all methods alike), `repeats` times. The first
+back to back (so slow drift of the machine hits all methods alike), `repeats` times, each repeat
+in the order of the last turned by one (so no method always runs first, or right after the same
+other: a method listed last once ran last in every repeat of every batch). The first
 prompt is run once per method before measuring (warm-up, excluded). Throughput per (method,
 category) is Σ tokens / Σ seconds within one repeat, and the reported value is the median over
 repeats; speedup divides by `ar`'s median in the same category.
@@ -79,8 +81,11 @@ def run_methods(
             bar.update(repeats * len(methods))
         else:
             conversations = [records[i].turns for i in batch]
-            for _ in range(repeats):
-                for name, method in methods.items():
+            names = list(methods)
+            for repeat in range(repeats):
+                turn = repeat % len(names)
+                for name in names[turn:] + names[:turn]:
+                    method = methods[name]
                     for i, runs in zip(batch, method.run(conversations, config), strict=True):
                         results[name][i].runs.append(runs)
                     bar.update()

@@ -75,8 +75,9 @@ ones did); their median, then the estimate, ruled drafting out on all 8 prompts,
 k = 1 paid 3 % (the curve now takes the lower of two, latency.py)."""
 
 RESUME_HORIZON = 16
-"""Steps a row that resumes drafting is expected to go on drafting: the one-time cost of
-catching its drafter up is charged to a plan at 1/RESUME_HORIZON of it per step (untuned)."""
+"""The most steps a row that starts or resumes drafting is expected to go on drafting, and the
+guess before any drafting spell has ended: the one-time cost of catching its drafter up is
+charged to a plan at 1/horizon of it per step (GoodputController.horizon; untuned)."""
 
 
 class AcceptanceByPosition:
@@ -172,6 +173,10 @@ class GoodputPolicy:
     opening: bool = field(default=True, init=False, repr=False)
     """Whether the row's next step is its request's first, whose first draft token is the
     answer's first token: forecast from the controller's opening estimate, not the row's own."""
+    spell: int = field(default=0, init=False, repr=False)
+    """Steps this row has drafted in a row, up to its last (0: it did not draft on it)."""
+    ended_spell: int = field(default=0, init=False, repr=False)
+    """The spell the row's last request ended in, for the controller to learn from."""
 
     def __post_init__(self) -> None:
         require(1 <= self.max_k <= 64, f"goodput max_k must be in 1..64, got {self.max_k}")
@@ -180,6 +185,7 @@ class GoodputPolicy:
 
     def reset(self) -> None:
         self.acceptance = AcceptanceByPosition(self.memory)
+        self.ended_spell, self.spell = self.spell, 0
         self.drafted_last = self.drafted_ever = False
         self.opening = True
         self.prepare([], 0.0, None)
@@ -282,9 +288,10 @@ class GoodputController:
     Catching up: a row that did not draft on its last step first catches its drafter up, once:
     a draft model reads the whole prompt when the request first drafts (`start`), or the few
     tokens accepted meanwhile when it resumes (`resume`). Both costs are learned per row from the
-    steps that pay them and charged to plans that have a row catch up: at 1/RESUME_HORIZON per
-    step when maximising tokens per second, so a large batch does not pay sixteen prompts'
-    catch-up for one step of drafting that does not pay; whole when finishing a batch.
+    steps that pay them and charged to plans that have a row catch up: when maximising tokens
+    per second, spread over the steps rows were seen to go on drafting (`horizon`, at most
+    RESUME_HORIZON), so a large batch does not pay sixteen prompts' catch-up for one step of
+    drafting that does not pay; whole when finishing a batch.
 
     Openings: a request's first step drafts the answer's first token, which a draft model
     predicts far worse than the tokens after it: with the 0.5B draft at batch 4, constant k = 1
@@ -325,6 +332,8 @@ class GoodputController:
         """Seconds of catch-up per row drafting for the first time in its request."""
         self.resume: deque[float] = deque(maxlen=window)
         """Seconds of catch-up per row resuming after steps without drafting."""
+        self.spells: deque[int] = deque(maxlen=window)
+        """Lengths in steps of the last drafting spells rows ended (`horizon`)."""
         self.probe_share = probe_share
         self.idle = 0
         self.starting = self.resuming = 0
@@ -429,6 +438,16 @@ class GoodputController:
                 return [b + (r == q) for r, b in enumerate(budgets)]
         return budgets
 
+    def horizon(self) -> float:
+        """Steps a row that catches up is expected to draft for, paying its catch-up over them:
+        the median of the spells rows ended lately, within 1..RESUME_HORIZON (that before any).
+        Where drafting is at break-even, rows that start together often stop after a step or
+        two, and a start priced at 1/16 was then paid whole: at batch 8, all eight rows read
+        their prompts for one step's nine tokens (BENCHMARKS §10.15)."""
+        if not self.spells:
+            return float(RESUME_HORIZON)
+        return min(max(statistics.median(self.spells), 1.0), float(RESUME_HORIZON))
+
     def catch_up(self, policy: GoodputPolicy) -> float:
         """Seconds this row's drafter is expected to spend catching up if it drafts now (0 when
         it drafted on the last step; unknown costs count as 0, so they get measured)."""
@@ -483,6 +502,9 @@ class GoodputController:
         self.resuming = len(cold) - self.starting
         self.opening_rows = [policy.opening for policy in policies]
         for policy, budget in zip(policies, budgets, strict=True):
+            ended = [policy.ended_spell, 0 if budget else policy.spell]
+            self.spells.extend(spell for spell in ended if spell)
+            policy.ended_spell, policy.spell = 0, policy.spell + 1 if budget else 0
             policy.drafted_last = budget > 0
             policy.drafted_ever = policy.drafted_ever or budget > 0
         return budgets
@@ -491,7 +513,7 @@ class GoodputController:
         self, forecasts: Sequence[Sequence[float]], catch_up: Sequence[float] | None = None
     ) -> tuple[list[int], float]:
         """The budgets maximising G given each row's forecast a_1..a_cap (and which rows would
-        catch up first, `catch_up` seconds each: 1/RESUME_HORIZON of it is added), and the expected
+        catch up first, `catch_up` seconds each: 1/horizon of it is added), and the expected
         gain a drafted position must bring to pay for itself at that G (G times its marginal
         seconds; drafting stops below it, GoodputPolicy). For every total n the
         best n positions are the first n in marginal_order, so scanning that order (per common
@@ -507,7 +529,8 @@ class GoodputController:
         items = list(marginal_order(forecasts))
         deepest = max(len(f) for f in forecasts)
         extra = [0.0] + [max(self.nodes(k) - self.nodes(k - 1), 0.0) for k in range(1, deepest + 1)]
-        share = [c / RESUME_HORIZON for c in catch_up] if catch_up else [0.0] * rows
+        horizon = self.horizon()
+        share = [c / horizon for c in catch_up] if catch_up else [0.0] * rows
         orders = [items]  # a catching-up row's first position costs more than its gain says, so
         if any(share):  # plans that leave every catching-up row out are scanned too
             orders.append([item for item in items if not share[item[0]]])
