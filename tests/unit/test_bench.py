@@ -217,12 +217,10 @@ def test_eagle_methods_in_bench(capsys, folders, tmp_path):
     assert rows[tree]["greedy_mismatches"] == rows[chain]["greedy_mismatches"] == 0
 
 
-def test_each_repeat_turns_the_order_of_the_methods(capsys, folders, monkeypatch):
-    """A method listed last must not run last in every repeat (after the same other method,
-    whatever that leaves behind in the machine): each repeat turns the last one's order by one."""
+def record_runs(monkeypatch, on_run):
+    """Have the harness call on_run(spec, conversations) before each run of a method."""
     import specpilot.bench.harness as harness
 
-    calls = []
     real = harness.make_method
 
     def recording(spec, models, hf_models):
@@ -230,13 +228,20 @@ def test_each_repeat_turns_the_order_of_the_methods(capsys, folders, monkeypatch
         run = method.run
 
         def recorded(conversations, config):
-            calls.append(spec.text)
+            on_run(spec, conversations)
             return run(conversations, config)
 
         method.run = recorded
         return method
 
     monkeypatch.setattr(harness, "make_method", recording)
+
+
+def test_each_repeat_turns_the_order_of_the_methods(capsys, folders, monkeypatch):
+    """A method listed last must not run last in every repeat (after the same other method,
+    whatever that leaves behind in the machine): each repeat turns the last one's order by one."""
+    calls = []
+    record_runs(monkeypatch, lambda spec, conversations: calls.append(spec.text))
     args = ("--method", "sd:k=1", "--method", "sd:k=3", "--repeats", "3", "--limit", "1")
     assert bench(capsys, folders, *args)[0] == 0
     per_prompt = ["ar", "sd:k=1", "sd:k=3", "sd:k=1", "sd:k=3", "ar", "sd:k=3", "ar", "sd:k=1"]
@@ -248,7 +253,6 @@ def test_an_interrupted_bench_resumes_from_its_run_log(capsys, folders, tmp_path
     """The raw runs of each finished prompt are logged beside the report: re-running the same
     command measures only what is missing (however many prompts were logged); a half-written line
     (a killed run) is dropped; another configuration is refused rather than mixed in."""
-    import specpilot.bench.harness as harness
 
     out_file = tmp_path / "report.json"
     args = ("--method", "sd:k=3", "--repeats", "2", "--json-out", str(out_file))
@@ -259,20 +263,7 @@ def test_an_interrupted_bench_resumes_from_its_run_log(capsys, folders, tmp_path
     assert len(lines) == 1 + 3  # the key, then one line per prompt
     log.write_text("\n".join(lines[:3]) + "\n" + lines[3][:50])  # killed while writing prompt 3
     measured = []
-    real = harness.make_method
-
-    def counting(spec, models, hf_models):
-        method = real(spec, models, hf_models)
-        run = method.run
-
-        def counted(conversations, config):
-            measured.append(len(conversations))
-            return run(conversations, config)
-
-        method.run = counted
-        return method
-
-    monkeypatch.setattr(harness, "make_method", counting)
+    record_runs(monkeypatch, lambda spec, conversations: measured.append(len(conversations)))
     assert bench(capsys, folders, *args)[0] == 0
     assert len(measured) == 2 + 2 * 2  # warm-up per method, then the last prompt × 2 repeats
     resumed = json.loads(out_file.read_text())
