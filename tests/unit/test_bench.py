@@ -253,7 +253,6 @@ def test_an_interrupted_bench_resumes_from_its_run_log(capsys, folders, tmp_path
     """The raw runs of each finished prompt are logged beside the report: re-running the same
     command measures only what is missing (however many prompts were logged); a half-written line
     (a killed run) is dropped; another configuration is refused rather than mixed in."""
-
     out_file = tmp_path / "report.json"
     args = ("--method", "sd:k=3", "--repeats", "2", "--json-out", str(out_file))
     assert bench(capsys, folders, *args)[0] == 0

@@ -317,10 +317,10 @@ def test_a_probe_drafts_one_row_and_prefers_one_caught_up():
     assert c.plan(policies, [4, 4, 4]) == [1, 0, 0]  # T_draft unknown: probe
     assert c.plan(policies, [4, 4, 4]) == [1, 0, 0]  # the same row, now caught up
     assert c.plan(policies, [4, 0, 4]) == [1, 0, 0]
-    policies[0].drafted_last = False
-    policies[2].drafted_last = True
+    policies[0].spell = 0  # row 0 did not draft on its last step, row 2 did
+    policies[2].spell = 1
     assert c.plan(policies, [4, 4, 4]) == [0, 0, 1]
-    policies[2].drafted_last = False  # no row is caught up: one that resumes, not one starting
+    policies[2].spell = 0  # no row is caught up: one that resumes, not one starting
     assert c.plan(policies, [4, 4, 4]) == [1, 0, 0]
 
 

@@ -166,8 +166,6 @@ class GoodputPolicy:
     memory: float = 0.95
     strength: float = 8.0
     acceptance: AcceptanceByPosition = field(init=False, repr=False)
-    drafted_last: bool = field(default=False, init=False, repr=False)
-    """Whether the controller let this row draft on its last step (its drafter is caught up)."""
     drafted_ever: bool = field(default=False, init=False, repr=False)
     """Whether this request has drafted yet (if not, its drafter has the whole prompt to read)."""
     opening: bool = field(default=True, init=False, repr=False)
@@ -178,6 +176,11 @@ class GoodputPolicy:
     ended_spell: int = field(default=0, init=False, repr=False)
     """The spell the row's last request ended in, for the controller to learn from."""
 
+    @property
+    def drafted_last(self) -> bool:
+        """Whether the controller let this row draft on its last step (its drafter is caught up)."""
+        return self.spell > 0
+
     def __post_init__(self) -> None:
         require(1 <= self.max_k <= 64, f"goodput max_k must be in 1..64, got {self.max_k}")
         require(self.strength > 0, f"goodput strength must be > 0, got {self.strength}")
@@ -186,7 +189,7 @@ class GoodputPolicy:
     def reset(self) -> None:
         self.acceptance = AcceptanceByPosition(self.memory)
         self.ended_spell, self.spell = self.spell, 0
-        self.drafted_last = self.drafted_ever = False
+        self.drafted_ever = False
         self.opening = True
         self.prepare([], 0.0, None)
 
@@ -502,10 +505,11 @@ class GoodputController:
         self.resuming = len(cold) - self.starting
         self.opening_rows = [policy.opening for policy in policies]
         for policy, budget in zip(policies, budgets, strict=True):
-            ended = [policy.ended_spell, 0 if budget else policy.spell]
-            self.spells.extend(spell for spell in ended if spell)
+            if policy.ended_spell:  # its last request ended while drafting
+                self.spells.append(policy.ended_spell)
+            if policy.spell and not budget:  # it stops drafting now
+                self.spells.append(policy.spell)
             policy.ended_spell, policy.spell = 0, policy.spell + 1 if budget else 0
-            policy.drafted_last = budget > 0
             policy.drafted_ever = policy.drafted_ever or budget > 0
         return budgets
 
