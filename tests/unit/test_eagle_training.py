@@ -39,6 +39,19 @@ def test_torn_last_line_is_skipped(tmp_path):
     assert [s.id for s in read_samples(tmp_path)] == ["a"]
 
 
+def test_training_prompts_interleave_the_sources_after_the_skipped_ones(tmp_path):
+    for name, count in (("a.jsonl", 3), ("b.jsonl", 1)):
+        rows = [{"question": f"{name} {i}", "answer": "x"} for i in range(count)]
+        (tmp_path / name).write_text("\n".join(json.dumps(r) for r in rows))
+    options = DataOptions(data_dir=str(tmp_path), sources=("a.jsonl", "b.jsonl"))
+    ids = [prompt_id for prompt_id, _ in training_prompts(options)]
+    assert ids == ["a:0", "b:0", "a:1", "a:2"]
+    later = DataOptions(data_dir=str(tmp_path), sources=("a.jsonl", "b.jsonl"), skip=2)
+    assert [prompt_id for prompt_id, _ in training_prompts(later)] == ids[2:]
+    with pytest.raises(ConfigError, match="skipped must be >= 0"):
+        DataOptions(skip=-1)
+
+
 def test_reference_samples_split_prompt_and_answer(tmp_path):
     rows = [{"question": "w5 w6", "answer": "w7 <<1+1=2>>w8 w9"}]
     (tmp_path / "gsm8k_train.jsonl").write_text("\n".join(json.dumps(r) for r in rows))

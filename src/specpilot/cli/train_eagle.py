@@ -47,6 +47,13 @@ def register(commands) -> None:
         default=2000,
         help="training-set reference answers added (cheap: a prefill each, no decoding)",
     )
+    parser.add_argument(
+        "--skip-prompts",
+        type=int,
+        default=0,
+        help="leave out the first N training prompts (those an earlier run answered, whose head "
+        "--init continues), so the target answers new ones",
+    )
     parser.add_argument("--gen-batch-size", type=int, default=16, help="prompts decoded together")
     parser.add_argument(
         "--gen-max-new-tokens", type=int, default=384, help="longest answer generated"
@@ -100,6 +107,7 @@ def run(args: argparse.Namespace) -> int:
     data = DataOptions(
         data_dir=args.data_dir,
         max_prompts=max(args.regenerate, args.reference, 1),
+        skip=args.skip_prompts,
         max_new_tokens=args.gen_max_new_tokens,
         batch_size=args.gen_batch_size,
     )

@@ -53,6 +53,9 @@ class DataOptions:
     sources: tuple[str, ...] = TRAIN_SOURCES
     max_prompts: int = 2000
     """Prompts answered in all (taken round-robin from the sources)."""
+    skip: int = 0
+    """Leading prompts of that order left out: a later run answers new prompts, not those an
+    earlier run answered (and the head it trained on them has learned)."""
     max_new_tokens: int = 384
     max_prompt_tokens: int = 768
     """Longer prompts are skipped (not cut: a cut chat prompt is not a real request)."""
@@ -60,6 +63,7 @@ class DataOptions:
 
     def __post_init__(self) -> None:
         require(self.max_prompts >= 1, f"max_prompts must be >= 1, got {self.max_prompts}")
+        require(self.skip >= 0, f"the prompts skipped must be >= 0, got {self.skip}")
         require(self.max_new_tokens >= 1, "max_new_tokens must be >= 1")
         require(self.max_prompt_tokens >= 1, "max_prompt_tokens must be >= 1")
         require(self.batch_size >= 1, f"batch_size must be >= 1, got {self.batch_size}")
@@ -72,7 +76,8 @@ class DataOptions:
 
 
 def training_prompts(options: DataOptions) -> list[tuple[str, str]]:
-    """(id, user message) pairs, round-robin over the sources, at most `max_prompts`."""
+    """(id, user message) pairs, round-robin over the sources, at most `max_prompts` after the
+    first `skip`."""
     per_source = []
     for source in options.sources:
         path = Path(options.data_dir) / source
@@ -86,7 +91,7 @@ def training_prompts(options: DataOptions) -> list[tuple[str, str]]:
             [(f"{stem}:{r.question_id}", r.turns[0]) for r in read_prompts_file(path)]
         )
     mixed = [p for group in _round_robin(per_source) for p in group]
-    return mixed[: options.max_prompts]
+    return mixed[options.skip : options.skip + options.max_prompts]
 
 
 def _round_robin(lists: list[list]) -> Iterator[list]:
