@@ -44,7 +44,7 @@ DRAFTER_OPTIONS = {
         "learn",
         "branches",
     },
-    "eagle": {"head", "depth", "topk", "nodes"},
+    "eagle": {"head", "depth", "topk", "nodes", "lookup"},
     "none": set(),
 }
 DVI_SPLIT = 2
@@ -167,11 +167,13 @@ def make_eagle_drafter(
     depth: int | str = DEFAULT_DEPTH,
     topk: int | str = DEFAULT_TOPK,
     nodes: int | str = DEFAULT_NODES,
+    lookup: int | str = 0,
 ):
     """The feature drafter on the loaded `target`: `head` a `train-eagle`/`train-ppow` output
     folder, a head folder or a committed head's name (`ppow`: heads/<target>-ppow; default: the
     head committed for this target); `topk` 1 drafts chains of `depth`,
-    else EAGLE-2 trees of `nodes` tokens grown `depth` levels deep from the best `topk`."""
+    else EAGLE-2 trees of `nodes` tokens grown `depth` levels deep from the best `topk`;
+    `lookup` > 0 adds a prompt-lookup branch of up to that many tokens."""
     from specpilot.drafting.eagle import EagleDrafter
     from specpilot.drafting.eagle_head import EagleHead, EagleShape, resolve_head
 
@@ -188,6 +190,7 @@ def make_eagle_drafter(
         depth=_count(depth, "depth"),
         topk=_count(topk, "topk"),
         nodes=_count(nodes, "nodes"),
+        lookup=_count(lookup, "lookup"),
     )
 
 

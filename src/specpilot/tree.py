@@ -40,3 +40,22 @@ def children(parents: tuple[int, ...] | list[int]) -> list[list[int]]:
     for i, parent in enumerate(parents):
         kids[parent + 1].append(i)
     return kids
+
+
+def graft(
+    tokens: list[int], parents: tuple[int, ...] | list[int], branch: list[int]
+) -> tuple[list[int], tuple[int, ...]]:
+    """The tree with the chain `branch` hung from the root: where a node on its way already
+    holds the branch's next token the branch follows it, and only the rest is added, after the
+    existing nodes (so parents still precede children and no node gets two alike children)."""
+    tokens, parents = list(tokens), list(parents)
+    node = -1
+    for token in branch:
+        kids = (i for i, parent in enumerate(parents) if parent == node)
+        child = next((i for i in kids if tokens[i] == token), None)
+        if child is None:
+            tokens.append(token)
+            parents.append(node)
+            child = len(tokens) - 1
+        node = child
+    return tokens, tuple(parents)

@@ -3,7 +3,8 @@
 Greedy identity against plain decoding for chains, trees, trees with SVIP's stop, batches of
 rows that accept different counts, one-token prompts and the end of the context; the drafter's
 cache after decoding equals a fresh catch-up over the committed sequence (its features follow
-the target exactly); a PPOW-trained head keeps float32 greedy identity; sampled output follows
+the target exactly); a prompt-lookup branch grafted on chains and trees keeps both; a
+PPOW-trained head keeps float32 greedy identity; sampled output follows
 the target's distribution (chi-square, T = 1 and T = 0.8 with top-k/top-p), and the same test
 rejects a verifier that accepts every tree node.
 """
@@ -34,6 +35,8 @@ CONFIGS = {
     "chain": dict(depth=4, topk=1, nodes=1),
     "tree": dict(depth=4, topk=3, nodes=8),
     "wide-tree": dict(depth=5, topk=4, nodes=20),
+    "chain-lookup": dict(depth=4, topk=1, nodes=1, lookup=6),
+    "tree-lookup": dict(depth=4, topk=3, nodes=8, lookup=6),
 }
 
 
@@ -65,6 +68,21 @@ def test_greedy_identity(model, plain_outputs, name):
         assert result.token_ids == plain
         accepted += result.stats.accepted
     assert accepted > 0  # some drafts were right, so accepted paths were committed
+
+
+@pytest.mark.parametrize("name", ["chain-lookup", "tree-lookup"])
+def test_the_lookup_branch_is_verified_beside_the_heads_draft(model, name):
+    """The tiny target repeats itself, so prompt lookup finds continuations the head did not
+    draft: those steps verify more nodes than the head's draft holds."""
+    options = CONFIGS[name]
+    engine = eagle_engine(model, **options)
+    records = [
+        record
+        for prompt in PROMPTS
+        for record in engine.generate(prompt, GenerationConfig(max_new_tokens=30)).stats.records
+    ]
+    head_nodes = options["depth"] if options["topk"] == 1 else options["nodes"]
+    assert any(record.num_nodes > head_nodes for record in records)
 
 
 def test_greedy_identity_with_svip_on_the_tree(model, plain_outputs):
@@ -156,7 +174,7 @@ def small_target():
 
 
 @pytest.mark.parametrize("sampling", SAMPLINGS, ids=["t1", "t0.8-topk-topp"])
-@pytest.mark.parametrize("name", ["chain", "tree"])
+@pytest.mark.parametrize("name", ["chain", "tree", "chain-lookup", "tree-lookup"])
 def test_sampled_output_follows_target(small_target, name, sampling):
     options = dict(CONFIGS[name], depth=2)
     engine = eagle_engine(small_target, **options)

@@ -26,7 +26,7 @@ from specpilot.models.decoder import DecoderRunner
 from specpilot.policies import ConstantPolicy, HeuristicPolicy
 from specpilot.registry import make_drafter
 from specpilot.sampling import sample
-from specpilot.tree import children, tree_depths, tree_mask
+from specpilot.tree import children, graft, tree_depths, tree_mask
 from specpilot.types import Proposal, VerifyResult
 from specpilot.verify.tree import verify_tree
 
@@ -47,6 +47,15 @@ def test_tree_layout():
     assert tree_mask(PARENTS).tolist() == [[bool(v) for v in row] for row in expected]
     with pytest.raises(ValueError, match="precede"):
         tree_depths((-1, 1))
+
+
+def test_graft_follows_matching_nodes_and_adds_the_rest():
+    tokens, parents = [5, 6, 7, 8], PARENTS  # 5 → 6, and 7, 8 beside 5
+    assert graft(tokens, parents, [5, 6, 9, 10]) == ([5, 6, 7, 8, 9, 10], (-1, 0, -1, -1, 1, 4))
+    assert graft(tokens, parents, [7, 6]) == ([5, 6, 7, 8, 6], (-1, 0, -1, -1, 2))
+    assert graft(tokens, parents, [5, 6]) == (tokens, parents)  # already in the tree
+    assert graft([], (), [3, 4]) == ([3, 4], (-1, 0))
+    assert graft(tokens, parents, []) == (tokens, parents)
 
 
 def test_proposal_chain_and_path_helpers():

@@ -121,6 +121,13 @@ def add_method_arguments(parser: argparse.ArgumentParser) -> None:
         "--tree-depth", type=int, help="--drafter eagle: draft levels per step (default 3)"
     )
     parser.add_argument(
+        "--eagle-lookup",
+        type=int,
+        help="--drafter eagle: also verify up to N tokens copied by prompt lookup (what followed "
+        "the last earlier occurrence of the text's final n-gram) as one more tree branch "
+        "(default 0: none)",
+    )
+    parser.add_argument(
         "--tree-topk",
         type=int,
         help="--drafter eagle/model: frontier width, the nodes expanded per level (eagle default "
@@ -149,13 +156,14 @@ def drafter_options(args: argparse.Namespace, learn: bool = False) -> dict[str, 
         "depth": args.tree_depth,
         "topk": args.tree_topk,
         "nodes": args.tree_nodes,
+        "lookup": args.eagle_lookup,
     }
     eagle = {key: value for key, value in eagle.items() if value is not None}
     tree_only = {key for key in eagle if key in ("topk", "nodes")}
     if eagle and args.drafter != "eagle" and not (args.drafter == "model" and eagle == tree_only):
         raise ConfigError(
-            "--eagle-head and --tree-depth belong to --drafter eagle; --tree-topk and "
-            "--tree-nodes to --drafter eagle or model (whose tree depth is --k)"
+            "--eagle-head, --eagle-lookup and --tree-depth belong to --drafter eagle; --tree-topk "
+            "and --tree-nodes to --drafter eagle or model (whose tree depth is --k)"
         )
     return {**options, **dvi, **eagle}
 

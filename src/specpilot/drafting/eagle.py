@@ -15,9 +15,14 @@ output is the root's draft distribution. Then it drafts:
 - a tree (`topk` > 1): EAGLE-2 expansion (`dynamic_tree`), `depth` block calls over the frontier
   with ancestor masks, then the best `nodes` candidates. Tree nodes are deterministic (top-k), so
   verification treats each as one-hot: lossless under sampling as well.
-Draft-tree entries live past the committed pairs in the head's cache and are overwritten by the
-next catch-up. The row's DraftPolicy caps the depth (its budget) and may stop early after each
-level, judged on the best frontier node (SVIP's rule on trees, as LTD's Appendix A.1 applies it).
+With `lookup` > 0 the prompt-lookup continuation (up to `lookup` tokens that followed the last
+earlier occurrence of the sequence's final n-gram) is hung from the root as one more branch
+(`tree.graft`): free to find, and where an answer repeats its prompt or itself (code, quoted
+numbers) it runs past the head's depth. Its nodes are deterministic, so verification stays
+exact. Draft-tree entries live past the committed pairs in the head's cache and are overwritten
+by the next catch-up. The row's DraftPolicy caps the depth (its budget) and may stop early after
+each level, judged on the best frontier node (SVIP's rule on trees, as LTD's Appendix A.1 applies
+it); the lookup branch is not the head's draft and is left to neither.
 """
 
 from __future__ import annotations
@@ -39,11 +44,13 @@ from specpilot.drafting.dynamic_tree import (
     select_for,
 )
 from specpilot.drafting.eagle_head import EagleHead
+from specpilot.drafting.ngram import NgramDrafter
 from specpilot.errors import ConfigError
 from specpilot.models.synced_cache import common_prefix_length
 from specpilot.models.vocab import DraftVocabulary
 from specpilot.policies.base import DraftPolicy, DraftToken
 from specpilot.sampling import logits_to_probs, sample
+from specpilot.tree import graft
 from specpilot.types import Proposal
 
 TREE_CAPACITY = 1024
@@ -75,12 +82,15 @@ class EagleDrafter:
         depth: int = DEFAULT_DEPTH,
         topk: int = DEFAULT_TOPK,
         nodes: int = DEFAULT_NODES,
+        lookup: int = 0,
     ):
         """`target`: the lean-decoder runner the head was trained on (its embedding, rotary
-        tables and dtype are shared). topk 1 drafts chains."""
+        tables and dtype are shared). topk 1 drafts chains; `lookup` > 0 adds a prompt-lookup
+        branch of at most that many tokens."""
         require(depth >= 1, f"eagle depth must be >= 1, got {depth}")
         require(topk >= 1, f"eagle topk must be >= 1, got {topk}")
         require(nodes >= 1, f"eagle nodes must be >= 1, got {nodes}")
+        require(lookup >= 0, f"eagle lookup must be >= 0 (0: no lookup branch), got {lookup}")
         require(
             (depth - 1) * topk <= TREE_CAPACITY,
             f"a tree of depth {depth} and top-k {topk} feeds {(depth - 1) * topk} entries; the "
@@ -95,7 +105,8 @@ class EagleDrafter:
         self.head = copy.deepcopy(head).to(dtype=target.dtype, device=target.device).eval()
         self.head.requires_grad_(False)
         self.vocabulary = DraftVocabulary(self.head.draft_ids.cpu(), target.vocab_size)
-        self.depth, self.topk, self.nodes = depth, topk, nodes
+        self.depth, self.topk, self.nodes, self.lookup = depth, topk, nodes, lookup
+        self.prompt_lookup = NgramDrafter()
         self.feature_layers = head.shape.feature_layers
         self.default_budget = depth
         self.slots: list[_Slot] = []
@@ -168,6 +179,8 @@ class EagleDrafter:
                 proposal = self._chain(state, sequence, root, depth, policy, sampling, generator)
             else:
                 proposal = self._tree(state, sequence, root, depth, policy)
+            if self.lookup:
+                proposal = self._with_lookup(proposal, sequence)
             proposals.append(
                 Proposal(
                     proposal.tokens,
@@ -253,6 +266,18 @@ class EagleDrafter:
             0.0,
             torch.stack(raw) if raw else None,
         )
+
+    def _with_lookup(self, proposal: Proposal, sequence: list[int]) -> Proposal:
+        """`proposal` with the prompt-lookup continuation grafted from the root (a chain
+        becomes a tree whose first path is that chain; unchanged where lookup adds nothing)."""
+        branch = self.prompt_lookup.lookup(sequence, self.lookup)
+        parents = proposal.parents
+        if parents is None:
+            parents = tuple(range(-1, proposal.k - 1))
+        tokens, parents = graft(proposal.tokens, parents, branch)
+        if len(tokens) == proposal.k:
+            return proposal
+        return Proposal(tokens, proposal.draft_probs, 0.0, proposal.draft_logits, parents)
 
     def grow_tree(self, slot: int, sequence: list[int], depth: int, policy) -> DynamicTree:
         """Catch up and grow the slot's draft tree for `sequence` (its features must cover
