@@ -19,12 +19,14 @@ from specpilot.errors import ConfigError
 from specpilot.models.vocab import DraftVocabulary
 from specpilot.policies import ConstantPolicy, HeuristicPolicy, SvipPolicy
 from specpilot.policies.ltd import LtdPolicy
+from specpilot.policies.tree_goodput import TreeGoodputPolicy
 
 DRAFT_POLICIES: dict[str, Callable[..., Any]] = {
     "constant": ConstantPolicy,
     "heuristic": HeuristicPolicy,
     "svip": SvipPolicy,
     "ltd": LtdPolicy,
+    "tree-goodput": TreeGoodputPolicy,
 }
 
 POLICIES = (*DRAFT_POLICIES, "sv", "goodput")

@@ -6,7 +6,8 @@ cache after decoding equals a fresh catch-up over the committed sequence (its fe
 the target exactly); a prompt-lookup branch grafted on chains and trees keeps both; a
 PPOW-trained head keeps float32 greedy identity; sampled output follows
 the target's distribution (chi-square, T = 1 and T = 0.8 with top-k/top-p), and the same test
-rejects a verifier that accepts every tree node.
+rejects a verifier that accepts every tree node; trees sized by measured goodput
+(`TreeGoodputPolicy`) keep both.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from specpilot.drafting.eagle_head import EagleHead
 from specpilot.engine import SpeculativeEngine
 from specpilot.models.decoder import DecoderRunner
 from specpilot.policies import ConstantPolicy, SvipPolicy
+from specpilot.policies.tree_goodput import TreeGoodputPolicy
 from specpilot.training.eagle.data import Sample
 from specpilot.training.ppow import PpowConfig, train_ppow
 from specpilot.types import VerifyResult
@@ -93,6 +95,20 @@ def test_greedy_identity_with_svip_on_the_tree(model, plain_outputs):
             result = engine.generate(prompt, GenerationConfig(max_new_tokens=30))
             assert result.token_ids == plain
             assert min(r.num_drafted for r in result.stats.records) < 4  # SVIP cut some
+
+
+@pytest.mark.parametrize("name", ["tree", "wide-tree", "tree-lookup"])
+def test_greedy_identity_with_goodput_sized_trees(model, plain_outputs, name):
+    """Tree sizes chosen from the measured latency (an opening sweep, then the best size and
+    re-probes) change what is verified, never the output."""
+    policy = TreeGoodputPolicy(depth=CONFIGS[name]["depth"], probe_every=3)
+    engine = eagle_engine(model, policy, **CONFIGS[name])
+    head_nodes = set()
+    for prompt, plain in zip(PROMPTS, plain_outputs, strict=True):
+        result = engine.generate(prompt, GenerationConfig(max_new_tokens=30))
+        assert result.token_ids == plain
+        head_nodes |= {r.num_nodes for r in result.stats.records}
+    assert len(head_nodes) >= 3  # the sweep verified several sizes
 
 
 @pytest.mark.parametrize("name", ["chain", "tree"])
@@ -178,6 +194,14 @@ def small_target():
 def test_sampled_output_follows_target(small_target, name, sampling):
     options = dict(CONFIGS[name], depth=2)
     engine = eagle_engine(small_target, **options)
+    expected = exact_joint_distribution(small_target, sampling)
+    assert chi_square_pvalue(engine, expected, sampling) > 1e-3
+
+
+@pytest.mark.parametrize("sampling", SAMPLINGS, ids=["t1", "t0.8-topk-topp"])
+def test_sampled_output_follows_target_with_goodput_sized_trees(small_target, sampling):
+    policy = TreeGoodputPolicy(depth=2, probe_every=2)
+    engine = eagle_engine(small_target, policy, **dict(CONFIGS["tree"], depth=2))
     expected = exact_joint_distribution(small_target, sampling)
     assert chi_square_pvalue(engine, expected, sampling) > 1e-3
 

@@ -24,6 +24,7 @@ from specpilot.engine import SpeculativeEngine
 from specpilot.errors import ConfigError
 from specpilot.models.decoder import DecoderRunner
 from specpilot.policies import ConstantPolicy, HeuristicPolicy
+from specpilot.policies.tree_goodput import TreeGoodputPolicy
 from specpilot.registry import make_drafter
 from specpilot.sampling import sample
 from specpilot.tree import children, graft, tree_depths, tree_mask
@@ -258,3 +259,21 @@ def test_dynamic_model_trees_keep_greedy_output(topk, nodes):
     assert tree_mat > chain_mat
     batch = engine(batch_size=3, topk=topk, nodes=nodes).generate_batch(prompts, config)
     assert [r.token_ids for r in batch] == expected
+
+
+def test_goodput_sized_model_trees_keep_greedy_output():
+    """A draft model's trees sized per step from measured latency (TreeGoodputPolicy)."""
+    model = tiny_model("qwen2", dtype=torch.float64)
+    drafter = ModelDrafter(DecoderRunner(perturbed(model, 0.3)), topk=4, nodes=16)
+    policy = TreeGoodputPolicy(depth=4, probe_every=3)
+    engine = SpeculativeEngine(
+        DecoderRunner(model), TinyTokenizer(), drafter, policy, eos_ids=set()
+    )
+    plain = SpeculativeEngine(DecoderRunner(model), TinyTokenizer(), eos_ids=set())
+    config = GenerationConfig(max_new_tokens=30)
+    nodes = set()
+    for prompt in ([1, 5, 9, 14], [1, 40, 41], [1, 7, 7, 7, 7, 7, 8]):
+        result = engine.generate(prompt, config)
+        assert result.token_ids == plain.generate(prompt, config).token_ids
+        nodes |= {record.num_nodes for record in result.stats.records}
+    assert len(nodes) >= 3

@@ -59,7 +59,7 @@ def test_train_then_generate_equals_plain(trained, target, capsys):
     prompt = ["--prompt", "w5 w6 w7 w8", "--max-new-tokens", "20", "--json", *DTYPE]
     code, plain, _ = run_cli(capsys, "generate", "--target", target, "--drafter", "none", *prompt)
     assert code == 0
-    for extra in ([], ["--tree-topk", "1"], ["--eagle-lookup", "4"]):
+    for extra in ([], ["--tree-topk", "1"], ["--eagle-lookup", "4"], ["--policy", "tree-goodput"]):
         code, text, err = run_cli(
             capsys, "generate", "--target", target, "--drafter", "eagle", "--eagle-head", out,
             *extra, *prompt,
@@ -94,6 +94,11 @@ def test_bad_heads_give_one_line_errors(trained, target, tmp_path, capsys):
     code, _, err = run_cli(capsys, *base, "--eagle-head", out, "--eagle-lookup", "-1")
     assert code == 2
     assert_one_line_error(err, "lookup must be >= 0")
+    code, _, err = run_cli(
+        capsys, *base[:3], "--drafter", "ngram", *base[5:], "--policy", "tree-goodput"
+    )
+    assert code == 2
+    assert_one_line_error(err, "sizes dynamic trees")
 
 
 def test_init_continues_a_trained_head_on_more_data(trained, target, data_dir, tmp_path, capsys):
