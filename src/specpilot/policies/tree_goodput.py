@@ -5,9 +5,9 @@ maximises expected tokens per second on the verify-latency curve measured online
 The best tree size depends on the CPU more than on anything else: where a forward over 16 tokens
 costs ~1.1 forwards over one (bf16 CPUs) the eagle tree's 8 nodes pay, but in float32 on an
 AVX2-only CPU 9 tokens cost ~1.5 forwards and the same head's 8-node tree ran at 1.04x plain
-decoding where 4 nodes ran at 1.33x and this policy at 1.52x (BENCHMARKS §8.9). So after the tree is grown, with the
-candidates ranked by cumulative draft log-probability (any leading slice is a tree,
-`DynamicTree.ranking`), the policy verifies the n that maximises
+decoding where 4 nodes ran at 1.33x and this policy at 1.52x (BENCHMARKS §8.9). So after the
+tree is grown, with the candidates ranked by cumulative draft log-probability (any leading
+slice is a tree, `DynamicTree.ranking`), the policy verifies the n that maximises
 
     G(n) = (1 + r · Σ_{i≤n} exp(s_i)) / (T_draft + T_verify(n + 1)),
 
@@ -126,7 +126,7 @@ class TreeGoodputPolicy:
     def tree_size(self, tree, context_len: int) -> int:
         """The candidates to verify (`tree` a drafting.dynamic_tree.DynamicTree, fully grown)."""
         cap = min(tree.nodes, len(tree.tokens))
-        confidence = sorted((math.exp(s) for s in tree.scores), reverse=True)[:cap]
+        confidence = [math.exp(tree.scores[i]) for i in tree.ranking()[:cap]]
         sizes = self.sizes(cap)
         best = self.best_size(confidence) if self.measured.steps >= len(sizes) else cap
         size = self._probe(sizes, best) or best
