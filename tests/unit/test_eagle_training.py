@@ -3,8 +3,10 @@ teacher-forced accepted length, and a resumable training run on a tiny target.""
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import json
+import math
 from types import SimpleNamespace
 
 import pytest
@@ -108,6 +110,10 @@ def test_training_lowers_the_loss_and_resumes(tmp_path):
     rows = (tmp_path / LOG_FILE).read_text().splitlines()
     losses = [float(r.split(",")[3]) for r in rows[1:] if r.split(",")[3]]
     assert losses[-1] < losses[0]
+    entropies = [float(r["val_entropy"]) for r in csv.DictReader(rows) if r["val_entropy"]]
+    assert entropies and all(0 < e <= math.log(shape.draft_vocab_size) + 1e-4 for e in entropies)
+    overlaps = [float(r["val_overlap"]) for r in csv.DictReader(rows) if r["val_overlap"]]
+    assert len(overlaps) == len(entropies) and all(0 < o <= 1 + 1e-4 for o in overlaps)
     assert (tmp_path / "head" / "eagle_config.json").is_file()
     assert (tmp_path / "learning_curve.png").is_file()
     # Re-running the finished command resumes at the end and changes nothing; how often it

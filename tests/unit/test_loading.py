@@ -13,11 +13,12 @@ import pytest
 import torch
 from tiny import save_tiny, tiny_model
 
+from specpilot.bench.report import machine_info
 from specpilot.errors import ConfigError, ModelLoadError, TokenizerMismatchError
 from specpilot.models import LoadedModel, check_same_tokenizer, load_model
 from specpilot.models.decoder import DecoderRunner
 from specpilot.models.hf_adapter import HFRunner
-from specpilot.models.loading import resolve_dtype
+from specpilot.models.loading import SPEED_FLAGS, cpu_has_native_bf16, cpu_info, resolve_dtype
 from specpilot.models.offline import OFFLINE_MODELS, convert_gguf
 
 
@@ -85,6 +86,18 @@ def test_resolve_dtype_names():
     assert resolve_dtype("float64") is torch.float64
     assert resolve_dtype(torch.float64) is torch.float64
     assert resolve_dtype("auto", "cpu") in (torch.bfloat16, torch.float32)
+
+
+def test_auto_dtype_and_bench_reports_follow_the_cpu_flags():
+    """ "auto" is bf16 exactly where the CPU has native bf16, and a bench records the flags that
+    set its speed, so a report says which kind of CPU its ratios came from."""
+    model, flags = cpu_info()
+    assert cpu_has_native_bf16() == bool(flags & {"avx512_bf16", "amx_bf16"})
+    expected = torch.bfloat16 if cpu_has_native_bf16() else torch.float32
+    assert resolve_dtype("auto", "cpu") is expected
+    machine = machine_info()
+    assert machine["cpu_flags"] == sorted(flags & SPEED_FLAGS)
+    assert machine["cpu"] and (model is None or machine["cpu"] == model)
 
 
 def test_decoder_backend_rejects_unsupported_architecture(tmp_path):

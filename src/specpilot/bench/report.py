@@ -6,6 +6,8 @@ import platform
 
 import torch
 
+from specpilot.models.loading import SPEED_FLAGS, cpu_info
+
 
 def memory_bandwidth_gbs(megabytes: int = 1024, repeats: int = 5) -> float:
     """Read bandwidth in GB/s: the best of a few sums over a buffer far larger than the caches."""
@@ -21,16 +23,12 @@ def memory_bandwidth_gbs(megabytes: int = 1024, repeats: int = 5) -> float:
 
 
 def machine_info() -> dict:
-    cpu = platform.processor()
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    """The machine a report was measured on: CPU model and the flags that set its speed (AVX2
+    alone, AVX-512, native bf16), threads, torch, Python, GPU."""
+    model, flags = cpu_info()
     return {
-        "cpu": cpu,
+        "cpu": model or platform.processor(),
+        "cpu_flags": sorted(flags & SPEED_FLAGS),
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "python": platform.python_version(),

@@ -42,22 +42,34 @@ _HUB_PATTERNS = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "*.ti
 
 
 # -- dtype ------------------------------------------------------------------------------------
+SPEED_FLAGS = frozenset({"avx2", "avx512f", "avx512_bf16", "amx_bf16"})
+"""The CPU flags that decide decoding speed here: a bench records which of them it ran with."""
+
+
 @functools.lru_cache(maxsize=1)
+def cpu_info() -> tuple[str | None, frozenset[str]]:
+    """The CPU's model name and flags from /proc/cpuinfo; (None, no flags) where there is none
+    (non-Linux systems)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None, frozenset()
+    model, flags = None, set()
+    for line in text.splitlines():
+        if line.startswith("model name") and model is None:
+            model = line.split(":", 1)[1].strip()
+        elif line.startswith("flags"):
+            flags.update(line.split(":", 1)[1].split())
+    return model, frozenset(flags)
+
+
 def cpu_has_native_bf16() -> bool:
     """True when the CPU computes bf16 in hardware (AVX512-BF16 or AMX).
 
     Without it PyTorch emulates bf16 matmuls, which is slower than float32, so "auto" must not
-    pick bf16 there. Non-Linux systems (no /proc/cpuinfo) conservatively report False.
+    pick bf16 there. Systems without /proc/cpuinfo conservatively report False.
     """
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    flags = set()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            flags.update(line.split(":", 1)[1].split())
-    return bool(flags & {"avx512_bf16", "amx_bf16"})
+    return bool(cpu_info()[1] & {"avx512_bf16", "amx_bf16"})
 
 
 def resolve_dtype(dtype: str | torch.dtype, device: str | torch.device = "cpu") -> torch.dtype:

@@ -30,6 +30,13 @@ class UnrolledOutput:
     (False where step j is undefined, t < j, or outside the loss mask)."""
     valid: list[torch.Tensor]
     """Per step: [n] bool, the positions that step is scored on."""
+    entropy: list[float]
+    """Per step: the drafter's mean entropy (nats) over the draft vocabulary at the scored
+    positions (0.0 where none are): whether training sharpens or flattens the head."""
+    overlap: list[float]
+    """Per step: the mean of Σ_x min(p(x), q(x)) over the scored positions, target p and
+    drafter q at temperature 1 (0.0 where none are): the chance that speculative sampling
+    accepts the drafter's token there, which agreement of the argmaxes does not measure."""
 
 
 def training_time_test_mask(n: int, step: int, dtype: torch.dtype) -> torch.Tensor:
@@ -62,7 +69,7 @@ def unrolled_losses(
     hidden = head.fuse(taps)
     keys, values = [], []
     total = hidden.new_zeros(())
-    step_losses, correct, valid = [], [], []
+    step_losses, correct, valid, entropy, overlap = [], [], [], [], []
     positions = torch.arange(n)
     out = hidden
     for step in range(1, steps + 1):
@@ -80,16 +87,22 @@ def unrolled_losses(
             step_losses.append(0.0)
             correct.append(torch.zeros(n, dtype=torch.bool))
             valid.append(scored)
+            entropy.append(0.0)
+            overlap.append(0.0)
             continue
         logits = head.logits(out[rows])
-        ce = -(target_logp[rows].exp() * F.log_softmax(logits, dim=-1)).sum(-1).mean()
+        draft_logp = F.log_softmax(logits, dim=-1)
+        ce = -(target_logp[rows].exp() * draft_logp).sum(-1).mean()
+        draft_probs = draft_logp.detach().exp()
+        entropy.append(float(-(draft_probs * draft_logp.detach()).nansum(-1).mean()))
+        overlap.append(float(torch.minimum(draft_probs, target_logp[rows].exp()).sum(-1).mean()))
         total = total + decay ** (step - 1) * ce
         step_losses.append(float(ce.detach()))
         hits = torch.zeros(n, dtype=torch.bool)
         hits[rows] = logits.argmax(-1) == target_best[rows]
         correct.append(hits)
         valid.append(scored)
-    return UnrolledOutput(total, step_losses, correct, valid)
+    return UnrolledOutput(total, step_losses, correct, valid, entropy, overlap)
 
 
 def chain_accepted_length(correct: list[torch.Tensor], valid: list[torch.Tensor]) -> float:

@@ -38,7 +38,7 @@ LOG_FILE = "train_log.csv"
 CURVE_FILE = "learning_curve.png"
 LOG_COLUMNS = (
     "update", "epoch", "tokens", "loss", "acc1", "acc2", "acc3", "lr", "seconds",
-    "val_acc1", "val_tau",
+    "val_acc1", "val_tau", "val_entropy", "val_overlap",
 )  # fmt: skip
 
 
@@ -242,20 +242,26 @@ def sequence_loss(head, runner, sample, shape, config, target_rows):
 
 @torch.inference_mode()
 def evaluate(head, runner, valid, shape, config, target_rows) -> dict:
-    """Held-out first-token agreement (step 1) and teacher-forced chain accepted length."""
+    """Held-out first-token agreement (step 1), teacher-forced chain accepted length, and at
+    step 1 the head's entropy in nats and its overlap Σ min(p, q) with the target at T = 1 (RL
+    fine-tuning may sharpen a head that sampled trees rely on, BENCHMARKS §12.2)."""
     head.eval()
-    hits, count, taus = 0, 0, []
+    hits, count, entropy, overlap, taus = 0, 0, 0.0, 0.0, []
     for sample in valid:
         result = sequence_loss(head, runner, sample, shape, config, target_rows)
         n = int(result.valid[0].sum())
         if n:
             hits += int(result.correct[0].sum())
             count += n
+            entropy += result.entropy[0] * n
+            overlap += result.overlap[0] * n
             taus.append((chain_accepted_length(result.correct, result.valid), n))
     total = sum(n for _, n in taus)
     return {
         "val_acc1": hits / max(count, 1),
         "val_tau": sum(t * n for t, n in taus) / max(total, 1),
+        "val_entropy": entropy / max(count, 1),
+        "val_overlap": overlap / max(count, 1),
     }
 
 

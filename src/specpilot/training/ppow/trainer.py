@@ -65,7 +65,7 @@ from specpilot.training.ppow.windows import (
 CURVES_FILE = "ppow_curves.png"
 LOG_COLUMNS = (
     "update", "reward", "accepted", "prox_rate", "kl", "clip_frac", "loss", "hard_frac", "lr",
-    "seconds", "val_acc1", "val_tau",
+    "seconds", "val_acc1", "val_tau", "val_entropy", "val_overlap",
 )  # fmt: skip
 EVAL = EagleTrainConfig()
 """Held-out metrics as train-eagle logs them (first-token agreement, chain τ of depth 3), so
