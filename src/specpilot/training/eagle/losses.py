@@ -32,11 +32,13 @@ class UnrolledOutput:
     """Per step: [n] bool, the positions that step is scored on."""
     entropy: list[float]
     """Per step: the drafter's mean entropy (nats) over the draft vocabulary at the scored
-    positions (0.0 where none are): whether training sharpens or flattens the head."""
+    positions (0.0 where none are): whether training sharpens or flattens the head. Empty
+    unless `diagnostics` was asked for (validation): training steps skip the extra pass."""
     overlap: list[float]
     """Per step: the mean of Σ_x min(p(x), q(x)) over the scored positions, target p and
     drafter q at temperature 1 (0.0 where none are): the chance that speculative sampling
-    accepts the drafter's token there, which agreement of the argmaxes does not measure."""
+    accepts the drafter's token there, which agreement of the argmaxes does not measure.
+    Empty unless `diagnostics` was asked for."""
 
 
 def training_time_test_mask(n: int, step: int, dtype: torch.dtype) -> torch.Tensor:
@@ -59,10 +61,12 @@ def unrolled_losses(
     sin: torch.Tensor,
     steps: int = 3,
     decay: float = 0.8,
+    diagnostics: bool = False,
 ) -> UnrolledOutput:
     """taps: [n, layers · h] target features at positions 0..n-1; embeds: [n, h] embeddings of
     x_1..x_n; target_logits: [n, draft vocab] the target's logits at positions 1..n over the draft
-    vocabulary; loss_mask: [n] bool, which positions are scored; cos/sin: [n, head_dim]."""
+    vocabulary; loss_mask: [n] bool, which positions are scored; cos/sin: [n, head_dim].
+    `diagnostics`: also measure each step's entropy and overlap (UnrolledOutput)."""
     n = taps.shape[0]
     target_logp = F.log_softmax(target_logits.float(), dim=-1)
     target_best = target_logp.argmax(-1)
@@ -87,15 +91,18 @@ def unrolled_losses(
             step_losses.append(0.0)
             correct.append(torch.zeros(n, dtype=torch.bool))
             valid.append(scored)
-            entropy.append(0.0)
-            overlap.append(0.0)
+            if diagnostics:
+                entropy.append(0.0)
+                overlap.append(0.0)
             continue
         logits = head.logits(out[rows])
         draft_logp = F.log_softmax(logits, dim=-1)
-        ce = -(target_logp[rows].exp() * draft_logp).sum(-1).mean()
-        draft_probs = draft_logp.detach().exp()
-        entropy.append(float(-(draft_probs * draft_logp.detach()).nansum(-1).mean()))
-        overlap.append(float(torch.minimum(draft_probs, target_logp[rows].exp()).sum(-1).mean()))
+        target_probs = target_logp[rows].exp()
+        ce = -(target_probs * draft_logp).sum(-1).mean()
+        if diagnostics:
+            draft_probs = draft_logp.detach().exp()
+            entropy.append(float(-(draft_probs * draft_logp.detach()).nansum(-1).mean()))
+            overlap.append(float(torch.minimum(draft_probs, target_probs).sum(-1).mean()))
         total = total + decay ** (step - 1) * ce
         step_losses.append(float(ce.detach()))
         hits = torch.zeros(n, dtype=torch.bool)

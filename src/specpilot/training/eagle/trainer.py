@@ -229,14 +229,14 @@ def count_updates(train: list[Sample], config: EagleTrainConfig) -> int:
     return updates
 
 
-def sequence_loss(head, runner, sample, shape, config, target_rows):
+def sequence_loss(head, runner, sample, shape, config, target_rows, diagnostics=False):
     """The target's features for one sample (a prefill), then the head's unrolled loss on them
-    (matrix products in bf16 where the CPU has it)."""
+    (matrix products in bf16 where the CPU has it); `diagnostics` as unrolled_losses'."""
     feats = sequence_features(runner, sample, shape.feature_layers, target_rows)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         return unrolled_losses(
             head, feats.taps, feats.embeds, feats.target_logits, feats.loss_mask,
-            feats.cos, feats.sin, config.unroll, config.step_decay,
+            feats.cos, feats.sin, config.unroll, config.step_decay, diagnostics,
         )  # fmt: skip
 
 
@@ -248,7 +248,7 @@ def evaluate(head, runner, valid, shape, config, target_rows) -> dict:
     head.eval()
     hits, count, entropy, overlap, taus = 0, 0, 0.0, 0.0, []
     for sample in valid:
-        result = sequence_loss(head, runner, sample, shape, config, target_rows)
+        result = sequence_loss(head, runner, sample, shape, config, target_rows, diagnostics=True)
         n = int(result.valid[0].sum())
         if n:
             hits += int(result.correct[0].sum())
