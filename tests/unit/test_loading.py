@@ -16,9 +16,10 @@ from tiny import save_tiny, tiny_model
 from specpilot.bench.report import machine_info
 from specpilot.errors import ConfigError, ModelLoadError, TokenizerMismatchError
 from specpilot.models import LoadedModel, check_same_tokenizer, load_model
+from specpilot.models.cpu import SPEED_FLAGS, cpu_info
 from specpilot.models.decoder import DecoderRunner
 from specpilot.models.hf_adapter import HFRunner
-from specpilot.models.loading import SPEED_FLAGS, cpu_has_native_bf16, cpu_info, resolve_dtype
+from specpilot.models.loading import cpu_has_native_bf16, resolve_dtype
 from specpilot.models.offline import OFFLINE_MODELS, convert_gguf
 
 

@@ -6,7 +6,7 @@ import platform
 
 import torch
 
-from specpilot.models.loading import SPEED_FLAGS, cpu_info
+from specpilot.models.cpu import SPEED_FLAGS, cpu_info
 
 
 def memory_bandwidth_gbs(megabytes: int = 1024, repeats: int = 5) -> float:

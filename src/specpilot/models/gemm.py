@@ -31,6 +31,8 @@ from pathlib import Path
 
 import torch
 
+from specpilot.models.cpu import cpu_info
+
 MAX_ROWS = 48
 """Largest row count a plan covers (a batch of 16 verifying two tokens each); beyond it the
 rows are fed as they come."""
@@ -145,16 +147,10 @@ def measure(weight: torch.Tensor, max_rows: int = MAX_ROWS, rounds: int = 3) -> 
 def _machine_key(weight: torch.Tensor, max_rows: int) -> str:
     """Everything a plan depends on, hashed: CPU model and flags, torch, threads, dtype, shape,
     the rows it covers."""
-    cpu = ""
-    try:
-        with open("/proc/cpuinfo") as info:
-            lines = [line for line in info if line.startswith(("model name", "flags"))]
-        cpu = "".join(sorted(set(lines)))
-    except OSError:
-        pass
+    model, flags = cpu_info()
     text = "|".join(
         [
-            cpu,
+            f"{model} {' '.join(sorted(flags))}",
             torch.__version__,
             str(torch.get_num_threads()),
             str(weight.dtype),

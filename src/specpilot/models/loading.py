@@ -8,7 +8,6 @@ decoding: draft tokens are only meaningful to the target when both map ids to th
 
 from __future__ import annotations
 
-import functools
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any
 import torch
 
 from specpilot.errors import ConfigError, ModelLoadError, TokenizerMismatchError
+from specpilot.models.cpu import cpu_info
 from specpilot.models.decoder import DecoderRunner, supports
 from specpilot.models.hf_adapter import HFRunner
 from specpilot.models.offline import (
@@ -42,27 +42,6 @@ _HUB_PATTERNS = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "*.ti
 
 
 # -- dtype ------------------------------------------------------------------------------------
-SPEED_FLAGS = frozenset({"avx2", "avx512f", "avx512_bf16", "amx_bf16"})
-"""The CPU flags that decide decoding speed here: a bench records which of them it ran with."""
-
-
-@functools.lru_cache(maxsize=1)
-def cpu_info() -> tuple[str | None, frozenset[str]]:
-    """The CPU's model name and flags from /proc/cpuinfo; (None, no flags) where there is none
-    (non-Linux systems)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return None, frozenset()
-    model, flags = None, set()
-    for line in text.splitlines():
-        if line.startswith("model name") and model is None:
-            model = line.split(":", 1)[1].strip()
-        elif line.startswith("flags"):
-            flags.update(line.split(":", 1)[1].split())
-    return model, frozenset(flags)
-
-
 def cpu_has_native_bf16() -> bool:
     """True when the CPU computes bf16 in hardware (AVX512-BF16 or AMX).
 
