@@ -15,12 +15,14 @@ from eagle_fixtures import WORDS, tiny_target
 from tiny import cpu_training, tiny_tokenizer
 
 from specpilot.drafting.eagle_head import EagleShape
+from specpilot.engine import SpeculativeEngine
 from specpilot.errors import ConfigError
 from specpilot.models.decoder import DecoderRunner
 from specpilot.training.eagle.data import (
     RESPONSES_FILE,
     DataOptions,
     Sample,
+    generate_responses,
     read_samples,
     reference_samples,
     training_prompts,
@@ -69,6 +71,47 @@ def test_reference_samples_split_prompt_and_answer(tmp_path):
     (sample,) = reference_samples(tokenizer, options, max_tokens=64)
     assert tokenizer.decode(sample.prompt_ids) == "w5 w6 w4"
     assert tokenizer.decode(sample.response_ids) == "w7 w8 w9"
+
+
+def _chat_tokenizer():
+    tokenizer = tiny_tokenizer(WORDS)
+    tokenizer.chat_template = (
+        "{% for m in messages %}{{ m['content'] }} {% endfor %}"
+        "{% if add_generation_prompt %}w4 {% endif %}"
+    )
+    return tokenizer
+
+
+def test_sampled_answers_follow_the_prompt_not_the_batch_and_keep_one_temperature(tmp_path):
+    """Each prompt's answer is sampled with its own seed: a run with another batch size (or a
+    resumed one) writes the same answers; a folder never mixes temperatures."""
+    rows = [{"question": f"w{5 + i} w{30 + i}", "answer": "x"} for i in range(3)]
+    (tmp_path / "gsm8k_train.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    runner = DecoderRunner(tiny_target(torch.float32), max_length=64, batch_size=3)
+    engine = SpeculativeEngine(runner, _chat_tokenizer(), eos_ids=set())
+
+    def answer(folder, batch_size, temperature=1.0):
+        options = DataOptions(
+            data_dir=str(tmp_path),
+            sources=("gsm8k_train.jsonl",),
+            max_new_tokens=8,
+            batch_size=batch_size,
+            temperature=temperature,
+        )
+        return generate_responses(engine, options, tmp_path / folder, progress=False)
+
+    together = answer("a", batch_size=3)
+    assert answer("b", batch_size=1) == together
+    assert len({tuple(s.response_ids) for s in together}) == 3
+    path = tmp_path / "a" / RESPONSES_FILE
+    lines = path.read_text().splitlines()
+    assert {json.loads(line)["temperature"] for line in lines} == {1.0}
+    path.write_text("\n".join(lines[:1]) + "\n")  # as a run stopped after its first answer
+    assert answer("a", batch_size=2) == together
+    with pytest.raises(ConfigError, match="sampled at temperature 1 and this run asks for 0"):
+        answer("a", batch_size=3, temperature=0.0)
+    with pytest.raises(ConfigError, match="temperature must be >= 0"):
+        DataOptions(temperature=-1.0)
 
 
 def test_training_time_test_mask():

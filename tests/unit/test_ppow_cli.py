@@ -60,6 +60,9 @@ def test_bad_options_give_one_line_errors(trained, target, tmp_path, capsys):  #
     code, _, err = run_cli(capsys, *base, "--reference", "5", *DTYPE)
     assert code == 2
     assert_one_line_error(err, "--prox-reference greedy")
+    code, _, err = run_cli(capsys, *base, "--gen-temperature", "1", *DTYPE)
+    assert code == 2
+    assert_one_line_error(err, "--prox-reference greedy or --no-proximity")
     code, _, err = run_cli(capsys, *base[:4], "ppow", *base[5:], *DTYPE)
     assert code == 2
     assert_one_line_error(err, "neither a folder nor a head committed")

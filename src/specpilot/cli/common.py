@@ -257,3 +257,18 @@ def dataclass_defaults(cls) -> dict:
     """A config dataclass's field defaults, so a command's flags default to what the dataclass
     says (one place sets them)."""
     return {f.name: f.default for f in fields(cls) if f.default is not MISSING}
+
+
+def add_answer_generation_flags(parser: argparse.ArgumentParser) -> None:
+    """How the drafter trainers have the target answer their training prompts."""
+    parser.add_argument("--gen-batch-size", type=int, default=16, help="prompts decoded together")
+    parser.add_argument(
+        "--gen-max-new-tokens", type=int, default=384, help="longest answer generated"
+    )
+    parser.add_argument(
+        "--gen-temperature",
+        type=float,
+        default=0.0,
+        help="sample the target's answers at this temperature (0: greedy); each prompt has its "
+        "own seed, so a resumed run samples the same answers",
+    )

@@ -13,7 +13,7 @@ import argparse
 from pathlib import Path
 
 from specpilot.api import DEFAULT_TARGET, load_models
-from specpilot.cli.common import dataclass_defaults
+from specpilot.cli.common import add_answer_generation_flags, dataclass_defaults
 from specpilot.drafting.eagle_head import EagleHead, EagleShape, resolve_head
 from specpilot.errors import ConfigError
 from specpilot.training.eagle.data import DataOptions, collect_samples
@@ -39,7 +39,7 @@ def register(commands) -> None:
         "--regenerate",
         type=int,
         default=512,
-        help="training prompts the target answers (greedy; its answers are the best data)",
+        help="training prompts the target answers (its own answers are the best data)",
     )
     parser.add_argument(
         "--reference",
@@ -54,10 +54,7 @@ def register(commands) -> None:
         help="leave out the first N training prompts (those an earlier run answered, whose head "
         "--init continues), so the target answers new ones",
     )
-    parser.add_argument("--gen-batch-size", type=int, default=16, help="prompts decoded together")
-    parser.add_argument(
-        "--gen-max-new-tokens", type=int, default=384, help="longest answer generated"
-    )
+    add_answer_generation_flags(parser)
     parser.add_argument(
         "--draft-vocab",
         type=int,
@@ -110,6 +107,7 @@ def run(args: argparse.Namespace) -> int:
         skip=args.skip_prompts,
         max_new_tokens=args.gen_max_new_tokens,
         batch_size=args.gen_batch_size,
+        temperature=args.gen_temperature,
     )
     models = load_models(
         args.target, None, args.dtype, max_length=args.max_length, batch_size=args.gen_batch_size

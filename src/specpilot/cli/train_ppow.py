@@ -13,7 +13,7 @@ import typing
 from pathlib import Path
 
 from specpilot.api import DEFAULT_TARGET, load_models
-from specpilot.cli.common import dataclass_defaults
+from specpilot.cli.common import add_answer_generation_flags, dataclass_defaults
 from specpilot.drafting.eagle_head import EagleHead, EagleShape, resolve_head
 from specpilot.errors import ConfigError
 from specpilot.training.eagle.data import RESPONSES_FILE, DataOptions, collect_samples, read_samples
@@ -134,8 +134,7 @@ def register(commands) -> None:
         help="training-set reference answers added (needs --prox-reference greedy: they are "
         "not the target's own windows)",
     )
-    parser.add_argument("--gen-batch-size", type=int, default=16, help="prompts decoded together")
-    parser.add_argument("--gen-max-new-tokens", type=int, default=384)
+    add_answer_generation_flags(parser)
     _add_config_flags(parser)
     parser.add_argument("--dtype", default="auto", help="the target's dtype")
     parser.add_argument("--max-length", type=int, default=2048)
@@ -173,6 +172,17 @@ def run(args: argparse.Namespace) -> int:
             "--reference answers are not the target's own words, so their next K tokens are no "
             "target-preferred window: add --prox-reference greedy or use --reference 0"
         )
+    if (
+        args.gen_temperature > 0
+        and config.proximity
+        and config.prox_reference == "response"
+        and args.baseline == "none"
+    ):
+        raise ConfigError(
+            "answers sampled at --gen-temperature are not the target's preferred (greedy) "
+            "windows that the proximity reward measures against: add --prox-reference greedy "
+            "or --no-proximity"
+        )
     models = load_models(
         args.target, None, args.dtype, max_length=args.max_length, batch_size=args.gen_batch_size
     )
@@ -186,6 +196,7 @@ def run(args: argparse.Namespace) -> int:
         max_prompts=max(args.regenerate, 1),
         max_new_tokens=args.gen_max_new_tokens,
         batch_size=args.gen_batch_size,
+        temperature=args.gen_temperature,
     )
     samples = collect_samples(
         target, data, args.regenerate, args.reference, out / "data", config.max_seq_tokens,

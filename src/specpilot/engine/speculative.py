@@ -93,29 +93,36 @@ class SpeculativeEngine:
     def generate_batch(
         self,
         prompts: list[str | Messages | list[int]],
-        config: GenerationConfig | None = None,
+        config: GenerationConfig | list[GenerationConfig] | None = None,
         on_tokens: Callable[[int, list[int]], None] | None = None,
     ) -> list[GenerationResult]:
         """Decode several prompts together: one draft forward per drafted position and one target
         forward per step serve the whole batch (the weights are read once for all rows).
 
-        Each row accepts its own number of tokens, finishes on its own, and uses its own random
-        generator seeded with `config.seed` and its own copy of the draft policy. So greedy rows
-        equal plain greedy decoding (exactly in float32; bf16 packs change rounding), and sampled
-        rows give the tokens they give alone, unless a rule couples rows: SV's batch allocation
-        or a DVI head learning on the batch; then only the target's distribution is preserved
-        (docs/methods.md §1.3). `on_tokens(row, tokens)` streams."""
+        `config` is one for every row or a list of one per row (e.g. each its own seed). Each
+        row accepts its own number of tokens, finishes on its own, and uses its own random
+        generator seeded with its config's `seed` and its own copy of the draft policy. So
+        greedy rows equal plain greedy decoding (exactly in float32; bf16 packs change
+        rounding), and sampled rows give the tokens they give alone, unless a rule couples rows:
+        SV's batch allocation or a DVI head learning on the batch; then only the target's
+        distribution is preserved (docs/methods.md §1.3). `on_tokens(row, tokens)` streams."""
         if not 1 <= len(prompts) <= self.target.batch_size:
             raise ConfigError(
                 f"a batch of {len(prompts)} prompts needs 1..{self.target.batch_size} prompts; "
                 "load the models with a larger batch_size"
             )
+        configs = config if isinstance(config, list) else [config] * len(prompts)
+        if len(configs) != len(prompts):
+            raise ConfigError(
+                f"{len(configs)} generation configs for {len(prompts)} prompts: pass one config "
+                "for every row or one per row"
+            )
         scheduler = Scheduler(self, finish_together=True)
         requests = [
             scheduler.submit(
-                prompt, config, None if on_tokens is None else functools.partial(on_tokens, i)
+                prompt, row_config, None if on_tokens is None else functools.partial(on_tokens, i)
             )
-            for i, prompt in enumerate(prompts)
+            for i, (prompt, row_config) in enumerate(zip(prompts, configs, strict=True))
         ]
         scheduler.run()
         return [request.result for request in requests]

@@ -1,13 +1,17 @@
 """Self-distillation data for the feature drafter: the target answers the training prompts.
 
 EAGLE-style drafters learn the target's own continuations (EAGLE-3 trains on responses the
-target regenerated), so the data is the target's greedy answer to each training prompt, decoded
-by the project's own batched engine. Prompts come from training sets only: the benchmark sets
-(MT-Bench, HumanEval, GSM8K test) are refused by name, so no benchmark prompt is ever trained on.
+target regenerated), so the data is the target's answer to each training prompt, decoded by the
+project's own batched engine: greedy by default, or sampled at a temperature (the contexts a
+drafter meets when serving sampled requests), each prompt with its own seed so that a resumed
+run samples what an uninterrupted one would. Prompts come from training sets only: the
+benchmark sets (MT-Bench, HumanEval, GSM8K test) are refused by name, so no benchmark prompt is
+ever trained on.
 
-The output is one JSONL line per answered prompt (`id`, `source`, `prompt_ids`, `response_ids`,
-`finish_reason`), appended and fsynced batch by batch: a run that is stopped resumes by
-re-running the same command, skipping the ids already answered (a torn last line is dropped).
+The output is one JSONL line per answered prompt (`id`, `prompt_ids`, `response_ids`,
+`finish_reason`, `temperature`), appended and fsynced batch by batch: a run that is stopped
+resumes by re-running the same command, skipping the ids already answered (a torn last line is
+dropped).
 """
 
 from __future__ import annotations
@@ -16,13 +20,14 @@ import json
 import os
 import re
 import sys
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from tqdm import tqdm
 
-from specpilot.config import GenerationConfig, require
+from specpilot.config import GenerationConfig, SamplingConfig, require
 from specpilot.engine import SpeculativeEngine
 from specpilot.errors import ConfigError
 from specpilot.models.chat import encode_prompt, eos_token_ids
@@ -60,6 +65,8 @@ class DataOptions:
     max_prompt_tokens: int = 768
     """Longer prompts are skipped (not cut: a cut chat prompt is not a real request)."""
     batch_size: int = 16
+    temperature: float = 0.0
+    """The target's answers are sampled at this temperature (0: greedy)."""
 
     def __post_init__(self) -> None:
         require(self.max_prompts >= 1, f"max_prompts must be >= 1, got {self.max_prompts}")
@@ -67,6 +74,10 @@ class DataOptions:
         require(self.max_new_tokens >= 1, "max_new_tokens must be >= 1")
         require(self.max_prompt_tokens >= 1, "max_prompt_tokens must be >= 1")
         require(self.batch_size >= 1, f"batch_size must be >= 1, got {self.batch_size}")
+        require(
+            self.temperature >= 0,
+            f"the answers' temperature must be >= 0 (0 = greedy), got {self.temperature}",
+        )
         benchmarks = sorted(BENCHMARK_SOURCES.intersection(Path(s).name for s in self.sources))
         require(
             not benchmarks,
@@ -152,25 +163,31 @@ def _reference_pair(row: dict) -> tuple[str, str] | None:
 
 def read_samples(folder: str | Path) -> list[Sample]:
     """The answered prompts of a data folder (a torn last line from an interrupted run skipped)."""
-    path = Path(folder) / RESPONSES_FILE
+    rows = _rows(Path(folder) / RESPONSES_FILE)
+    return [Sample(row["id"], row["prompt_ids"], row["response_ids"]) for row in rows]
+
+
+def _rows(path: Path) -> Iterator[dict]:
+    """The JSON rows of a responses file (none if it is missing; unreadable lines skipped)."""
     if not path.is_file():
-        return []
-    samples = []
+        return
     for line in path.read_text(encoding="utf-8").splitlines():
         try:
-            row = json.loads(line)
+            yield json.loads(line)
         except json.JSONDecodeError:
             continue
-        samples.append(Sample(row["id"], row["prompt_ids"], row["response_ids"]))
-    return samples
 
 
 def generate_responses(
     engine: SpeculativeEngine, options: DataOptions, folder: str | Path, progress: bool = True
 ) -> list[Sample]:
-    """Answer every training prompt not yet in `folder` (greedy, batched); return all samples."""
+    """Answer every training prompt not yet in `folder` (batched, greedy or sampled at
+    `options.temperature`); return all samples."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
+    path = folder / RESPONSES_FILE
+    _drop_torn_line(path)
+    _check_temperature(path, options.temperature)
     done = {s.id for s in read_samples(folder)}
     todo = []
     for prompt_id, text in training_prompts(options):
@@ -179,20 +196,19 @@ def generate_responses(
         ids = encode_prompt(engine.tokenizer, text)
         if len(ids) <= options.max_prompt_tokens:
             todo.append((prompt_id, ids))
-    config = GenerationConfig(max_new_tokens=options.max_new_tokens)
-    path = folder / RESPONSES_FILE
-    _drop_torn_line(path)
     bar = tqdm(total=len(done) + len(todo), initial=len(done), disable=not progress, unit="prompt")
     with path.open("a", encoding="utf-8") as out:
         for start in range(0, len(todo), options.batch_size):
             batch = todo[start : start + options.batch_size]
-            results = engine.generate_batch([ids for _, ids in batch], config)
+            configs = [_answer_config(options, prompt_id) for prompt_id, _ in batch]
+            results = engine.generate_batch([ids for _, ids in batch], configs)
             for (prompt_id, ids), result in zip(batch, results, strict=True):
                 row = {
                     "id": prompt_id,
                     "prompt_ids": ids,
                     "response_ids": result.token_ids,
                     "finish_reason": result.finish_reason,
+                    "temperature": options.temperature,
                 }
                 out.write(json.dumps(row) + "\n")
             out.flush()
@@ -200,6 +216,29 @@ def generate_responses(
             bar.update(len(batch))
     bar.close()
     return read_samples(folder)
+
+
+def _answer_config(options: DataOptions, prompt_id: str) -> GenerationConfig:
+    """How one prompt is answered: its seed comes from its id, so the sampled answer does not
+    depend on the batch it falls in (or on a resume) and prompts do not share random draws."""
+    return GenerationConfig(
+        max_new_tokens=options.max_new_tokens,
+        sampling=SamplingConfig(temperature=options.temperature),
+        seed=zlib.crc32(prompt_id.encode()),
+    )
+
+
+def _check_temperature(path: Path, temperature: float) -> None:
+    """Refuse to add answers at one temperature to a file holding answers at another (the data
+    would mix two regimes without saying so); answers written before the field was recorded
+    were greedy."""
+    found = {row.get("temperature", 0.0) for row in _rows(path)}
+    other = sorted(t for t in found if t != temperature)
+    if other:
+        raise ConfigError(
+            f"{path} holds answers sampled at temperature {other[0]:g} and this run asks for "
+            f"{temperature:g}: pass the same --gen-temperature, or another --out"
+        )
 
 
 def _drop_torn_line(path: Path) -> None:
@@ -222,7 +261,7 @@ def collect_samples(
     answered: list[Sample] | None = None,
 ) -> list[Sample]:
     """The training sequences of a run: the training-set reference answers (`reference`, cheap)
-    followed by the target's greedy answers to `regenerate` prompts, generated into `folder`
+    followed by the target's answers to `regenerate` prompts, generated into `folder`
     (resumable), or the `answered` ones another run generated. The target's own answers come
     last, so a held-out slice taken from the end is the target's."""
     regenerated = answered or []
