@@ -56,30 +56,27 @@ def test_training_prompts_interleave_the_sources_after_the_skipped_ones(tmp_path
         DataOptions(skip=-1)
 
 
-def test_reference_samples_split_prompt_and_answer(tmp_path):
-    rows = [{"question": "w5 w6", "answer": "w7 <<1+1=2>>w8 w9"}]
-    (tmp_path / "gsm8k_train.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+def _chat_tokenizer():
+    """The tiny tokenizer with a chat template: messages joined, "w4" opening each answer."""
     tokenizer = tiny_tokenizer(WORDS)
     tokenizer.chat_template = (
         "{% for m in messages %}{% if m['role'] == 'assistant' %}w4 {% endif %}"
         "{{ m['content'] }} {% endfor %}"
         "{% if add_generation_prompt %}w4 {% endif %}"
     )
+    return tokenizer
+
+
+def test_reference_samples_split_prompt_and_answer(tmp_path):
+    rows = [{"question": "w5 w6", "answer": "w7 <<1+1=2>>w8 w9"}]
+    (tmp_path / "gsm8k_train.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    tokenizer = _chat_tokenizer()
     options = DataOptions(data_dir=str(tmp_path), sources=("gsm8k_train.jsonl",))
     with pytest.raises(ConfigError, match="training prompts not found"):
         training_prompts(DataOptions(data_dir=str(tmp_path / "none")))
     (sample,) = reference_samples(tokenizer, options, max_tokens=64)
     assert tokenizer.decode(sample.prompt_ids) == "w5 w6 w4"
     assert tokenizer.decode(sample.response_ids) == "w7 w8 w9"
-
-
-def _chat_tokenizer():
-    tokenizer = tiny_tokenizer(WORDS)
-    tokenizer.chat_template = (
-        "{% for m in messages %}{{ m['content'] }} {% endfor %}"
-        "{% if add_generation_prompt %}w4 {% endif %}"
-    )
-    return tokenizer
 
 
 def test_sampled_answers_follow_the_prompt_not_the_batch_and_keep_one_temperature(tmp_path):

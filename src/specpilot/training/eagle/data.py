@@ -187,8 +187,9 @@ def generate_responses(
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / RESPONSES_FILE
     _drop_torn_line(path)
-    _check_temperature(path, options.temperature)
-    done = {s.id for s in read_samples(folder)}
+    answered = list(_rows(path))
+    _check_temperature(path, answered, options.temperature)
+    done = {row["id"] for row in answered}
     todo = []
     for prompt_id, text in training_prompts(options):
         if prompt_id in done:
@@ -228,11 +229,11 @@ def _answer_config(options: DataOptions, prompt_id: str) -> GenerationConfig:
     )
 
 
-def _check_temperature(path: Path, temperature: float) -> None:
-    """Refuse to add answers at one temperature to a file holding answers at another (the data
-    would mix two regimes without saying so); answers written before the field was recorded
-    were greedy."""
-    found = {row.get("temperature", 0.0) for row in _rows(path)}
+def _check_temperature(path: Path, answered: list[dict], temperature: float) -> None:
+    """Refuse to add answers at one temperature to a file (`path`, its rows `answered`) holding
+    answers at another (the data would mix two regimes without saying so); answers written
+    before the field was recorded were greedy."""
+    found = {row.get("temperature", 0.0) for row in answered}
     other = sorted(t for t in found if t != temperature)
     if other:
         raise ConfigError(
