@@ -3,7 +3,8 @@
 # GPU machine that has PyTorch but no internet: WHEELS=DIR installs the packages it lacks from
 # wheels carried in DIR first (e.g. made here with `pip download --no-deps --only-binary=:all:
 # --python-version 3.12 --platform manylinux2014_x86_64 -d DIR "transformers==5.24.0" gguf ...`;
-# the serve tests need the openai client, jiter, distro, httpx and httpcore as well).
+# the serve tests need the closure of `pip download ... openai==3.57.0 fastapi==0.165.0
+# uvicorn==0.54.0` as well: httpx2, httpcore2, truststore, sniffio, opentelemetry_api, ...).
 # Arguments replace the default test paths (tests/lossless tests/unit), e.g. one file to rerun.
 # ../shared/data does not travel, so the tests that read it skip there.
 set -u

@@ -393,9 +393,10 @@ def test_finishing_a_batch_plans_for_its_slowest_row_not_its_average_one():
     c = controller(lambda n: 0.221 + 0.0015 * n, draft=lambda u: 0.12 * u)
     forecasts, remaining = [[0.72]] * 8, [48] * 8
     assert c.finish_plan(forecasts, [0.0] * 8, remaining)[0] == [1] * 8
-    assert c.finish_plan(forecasts, [0.0] * 8, remaining, tested=[[0.0]] * 8)[0] == [0] * 8
-    assert c.finish_plan(forecasts, [0.0] * 8, remaining, tested=[[500.0]] * 8)[0] == [1] * 8
     lowered = bottleneck_forecast(forecasts, [[0.0]] * 8)
+    assert c.finish_plan(lowered, [0.0] * 8, remaining)[0] == [0] * 8
+    known = bottleneck_forecast(forecasts, [[500.0]] * 8)
+    assert c.finish_plan(known, [0.0] * 8, remaining)[0] == [1] * 8
     assert lowered[0][0] == pytest.approx(0.537, abs=1e-3)  # 31.2 steps for 48 tokens
     assert bottleneck_forecast([[0.72]], [[0.0]]) == [[0.72]]  # one row: its own forecast
 
@@ -480,17 +481,37 @@ def test_a_stale_spell_of_rejections_fades_to_the_long_run_acceptance():
 
 def test_a_position_no_plan_reaches_is_explored_until_known():
     """Position 1 is known (70 %), position 2 never tested: its forecast is position 1's, at
-    which one token is the best plan. One row then drafts a second token until the long run has
-    EXPLORE_SAMPLES tests of position 2, so a position 2 accepted more often than position 1 (as
-    after a good first guess) can be found."""
+    which one token is the best plan, though a second would pay if it were accepted more
+    often. The row then drafts a second token until the long run has EXPLORE_SAMPLES tests of
+    position 2, so a position 2 accepted more often than position 1 (as after a good first
+    guess) can be found."""
     c = controller(lambda n: 1.0, draft=lambda u: 0.45 * u)
     c.long_run.tested, c.long_run.accepted = [100.0], [70.0]
-    policies = [GoodputPolicy(max_k=4) for _ in range(2)]
-    assert c.best_plan([c.long_run.estimates(4, None, 2.0)] * 2)[0] == [1, 1]
-    assert c.plan(policies, [4, 4]) == [2, 1]
-    assert c.plan(policies, [1, 4]) == [1, 2]  # a row at its cap is not deepened
+    policy = GoodputPolicy(max_k=4)
+    assert c.best_plan([c.long_run.estimates(4, None, 2.0)])[0] == [1]
+    assert c.plan([policy], [4]) == [2]
+    assert c.plan([policy], [1]) == [1]  # a row at its cap is not deepened
     c.long_run.tested, c.long_run.accepted = [100.0, EXPLORE_SAMPLES], [70.0, 4.0]
-    assert c.plan(policies, [4, 4]) == [1, 1]
+    assert c.plan([policy], [4]) == [1]
+
+
+@pytest.mark.parametrize("finish", [False, True])
+def test_a_position_that_cannot_pay_even_if_always_accepted_is_not_explored(finish):
+    """Verification as measured on the AVX2-only CPU at batch 2 (BENCHMARKS §10.19): 4 tokens
+    take 450 ms, 5 take 555. Two rows drafting one token each (position 1 accepted 70 %) beat
+    plain decoding, and a second token for either row or both would not pay even if always
+    accepted, so position 2 is not explored, whether plans maximise tokens per second or
+    minimise the time until the batch's last row finishes."""
+    c = controller(lambda n: 0.4 if n == 1 else 0.45 if n <= 4 else 0.555 + 0.11 * (n - 5),
+                   draft=lambda u: 0.17 * u)  # fmt: skip
+    c.long_run.tested, c.long_run.accepted = [100.0], [70.0]
+    assert c.best_plan([[0.7, 1.0]] * 2)[0] == [1, 1]
+    policies = [GoodputPolicy(max_k=4) for _ in range(2)]
+    for policy in policies:
+        policy.opening = False
+        policy.acceptance.tested, policy.acceptance.accepted = [500.0], [350.0]
+    remaining = [40, 40] if finish else None
+    assert c.plan(policies, [4, 4], remaining) == [1, 1]
 
 
 def test_first_steps_are_learned_apart_from_the_rest_of_a_request():

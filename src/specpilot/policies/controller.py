@@ -34,7 +34,7 @@ import torch
 from specpilot.config import require
 from specpilot.errors import ConfigError
 from specpilot.policies.base import DraftToken
-from specpilot.policies.goodput import marginal_order
+from specpilot.policies.goodput import expected_accepted, marginal_order
 from specpilot.policies.latency import LatencyCurve
 from specpilot.types import StepRecord
 
@@ -376,14 +376,17 @@ class GoodputController:
             budgets, stop_gain = probe, 0.0
         else:
             mode = remaining if finish else None
-            tested = None
-            if finish:  # each forecast's verified count per position (bottleneck_forecast)
-                tested = [
-                    [self._counted_in(policy).tested_at(i) for i in range(len(forecast))]
-                    for policy, forecast in zip(policies, forecasts, strict=True)
-                ]
-            budgets, stop_gain = self._optimal(forecasts, catch_up, mode, tested)
-            budgets = self._deepen(budgets, caps)
+            planned = forecasts
+            if finish:  # lowered by each forecast's verified count per position
+                planned = bottleneck_forecast(
+                    forecasts,
+                    [
+                        [self._counted_in(policy).tested_at(i) for i in range(len(forecast))]
+                        for policy, forecast in zip(policies, forecasts, strict=True)
+                    ],
+                )
+            budgets, stop_gain = self._optimal(planned, catch_up, mode)
+            budgets = self._deepen(budgets, caps, planned, catch_up, mode)
             self.idle = 0 if any(budgets) else self.idle + 1
             if self.idle and self.idle >= self._idle_before_probe(probe, forecasts, catch_up, mode):
                 budgets, stop_gain, self.idle = probe, 0.0, 0
@@ -401,11 +404,10 @@ class GoodputController:
         forecasts: Sequence[Sequence[float]],
         catch_up: Sequence[float],
         remaining: Sequence[int] | None,
-        tested: Sequence[Sequence[float]] | None = None,
     ) -> tuple[list[int], float]:
-        """finish_plan with rows' `remaining` tokens (and `tested`), else best_plan."""
+        """finish_plan with rows' `remaining` tokens, else best_plan."""
         if remaining is not None:
-            return self.finish_plan(forecasts, catch_up, remaining, tested)
+            return self.finish_plan(forecasts, catch_up, remaining)
         return self.best_plan(forecasts, catch_up)
 
     def _idle_before_probe(
@@ -429,17 +431,54 @@ class GoodputController:
             return 0
         return self.probe_gap(probe, forecasts, catch_up)
 
-    def _deepen(self, budgets: list[int], caps: Sequence[int]) -> list[int]:
+    def _deepen(
+        self,
+        budgets: list[int],
+        caps: Sequence[int],
+        forecasts: Sequence[Sequence[float]],
+        catch_up: Sequence[float],
+        remaining: Sequence[int] | None,
+    ) -> list[int]:
         """One drafting row drafts one position past its plan while the long-run estimate has
-        fewer than EXPLORE_SAMPLES tests of that position. A position no plan reaches is never
-        tested, and its forecast (the position before's, §7.3) is often low: with the 0.5B draft
-        at T = 0.7 position 2 was accepted 86 % of the time after position 1 (72 %), yet without
-        this the controller drafted one token on 327 of 341 steps and ran 4 % behind k = 2 (a
-        diagnostic run on one thread beside a training job, BENCHMARKS §10.7)."""
+        fewer than EXPLORE_SAMPLES tests of that position, if that position could pay: the plan
+        with it always accepted must beat the plan without (`plan_value`). A position no plan
+        reaches is never tested, and its forecast (the position before's, §7.3) is often low:
+        with the 0.5B draft at T = 0.7 position 2 was accepted 86 % of the time after position 1
+        (72 %), yet without this the controller drafted one token on 327 of 341 steps and ran 4 %
+        behind k = 2 (a diagnostic run on one thread beside a training job, BENCHMARKS §10.7).
+        Where even a sure position cannot pay, exploring it is a pure loss: on the AVX2-only CPU
+        at batch 2, verifying 5 tokens took 555 ms against 450 for 4, and eight steps exploring
+        a second token cost the first batch ~10 % (BENCHMARKS §10.19)."""
+        value = self.plan_value(budgets, forecasts, catch_up, remaining)
         for q, (budget, cap) in enumerate(zip(budgets, caps, strict=True)):
             if 0 < budget < cap and self.long_run.tested_at(budget) < EXPLORE_SAMPLES:
-                return [b + (r == q) for r, b in enumerate(budgets)]
+                deeper = [b + (r == q) for r, b in enumerate(budgets)]
+                sure = [list(f) for f in forecasts]
+                sure[q][budget] = 1.0
+                if self.plan_value(deeper, sure, catch_up, remaining) > value:
+                    return deeper
         return budgets
+
+    def plan_value(
+        self,
+        budgets: Sequence[int],
+        forecasts: Sequence[Sequence[float]],
+        catch_up: Sequence[float],
+        remaining: Sequence[int] | None = None,
+    ) -> float:
+        """What a plan is worth by the objective plans are chosen by, higher better: tokens per
+        second (best_plan; catch-up charged at 1/horizon), or, with rows' `remaining` tokens,
+        minus the expected seconds until the last row finishes (finish_plan; catch-up whole)."""
+        other = statistics.median(self.other) if self.other else 0.0
+        units = max(budgets, default=0) if self.joint else sum(budgets)
+        fed = len(budgets) + sum(self.nodes(k) for k in budgets)
+        step = other + self.draft(units) + self.verify(fed)
+        emitted = [1.0 + expected_accepted(f, k) for f, k in zip(forecasts, budgets, strict=True)]
+        catching_up = sum(c for c, k in zip(catch_up, budgets, strict=True) if k)
+        if remaining is None:
+            return sum(emitted) / (step + catching_up / self.horizon())
+        steps = max(r / e for r, e in zip(remaining, emitted, strict=True))
+        return -(step * steps + catching_up)
 
     def horizon(self) -> float:
         """Steps a row that catches up is expected to draft for, paying its catch-up over them:
@@ -573,22 +612,18 @@ class GoodputController:
         forecasts: Sequence[Sequence[float]],
         catch_up: Sequence[float],
         remaining: Sequence[int],
-        tested: Sequence[Sequence[float]] | None = None,
     ) -> tuple[list[int], float]:
         """The budgets minimising the expected time until the batch's last row finishes, when
         the caller waits for it (docs/methods.md §7.5): a step's cost times the most steps any
         row still needs (its remaining tokens over its expected tokens per step, 1 + E[N]),
         plus the one-time catch-up of each row that starts drafting. Tokens a row that is ahead
         gains are worth nothing then, and a batch whose slowest row accepts little is better
-        decoded plainly, which tokens per second (best_plan) cannot see. With `tested` (each
-        row's own verified count per position) the forecasts are first lowered to what the
-        slowest of the rows is expected to see (bottleneck_forecast); without, taken as exact.
-        Candidates: from no drafting, add a position to the row that needs the most steps, until
-        that row can draft no further. Returns the budgets and the gain a drafted position must
-        bring (as best_plan's, at the bottleneck row's rate)."""
+        decoded plainly, which tokens per second (best_plan) cannot see. The forecasts are taken
+        as exact: `plan` first lowers them to what the slowest of the rows is expected to see
+        (bottleneck_forecast). Candidates: from no drafting, add a position to the row that
+        needs the most steps, until that row can draft no further. Returns the budgets and the
+        gain a drafted position must bring (as best_plan's, at the bottleneck row's rate)."""
         rows = len(forecasts)
-        if tested is not None:
-            forecasts = bottleneck_forecast(forecasts, tested)
         other = statistics.median(self.other) if self.other else 0.0
         limit = 2 * self.verify.points()[-1][0]
         emitted = [  # per row, expected tokens a step emits with budget 0, 1, ...: 1 + E[N]
