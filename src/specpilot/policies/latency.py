@@ -10,10 +10,17 @@ samples, the lower middle one of an even count (a step slowed by another process
 the median ignores, and old samples age out as the context grows; the noise is one-sided, since
 other work and the kernels a new shape builds on its first forward only slow a step, so of two
 samples the faster is the better guess: at batch 2 the first 3-token verification took 305 ms,
-the next 209 ms, as later ones did); the medians then made non-decreasing in the size by
-weighted pool-adjacent-violators (more work never takes less time); linear between sizes. A
-prior curve (a `specpilot profile` JSON) fills sizes never measured, scaled by the median ratio
-of measured to prior where both exist (load and context differ from when it was profiled).
+the next 209 ms, as later ones did). More work never takes less time, and the noise only
+slows, so a size timed slower than a larger one was slowed: each size's median is lowered to
+the least of the larger sizes' (the lower envelope from the right). A size timed rarely keeps
+a slow sample long (at batch 2 the plain 2-token step comes once per request): a few taken
+while another process ran kept T(2) at 741 ms where 3 and 4 tokens took 450, and pooling the
+violators, as this fit first did, flattened T(2..6) to 725 ms, so drafting two tokens in both
+rows looked as cheap as a plain step and ran 12 % behind one token (BENCHMARKS §10.19). A prior
+curve (a `specpilot profile` JSON) fills sizes never measured, scaled by the median ratio of
+measured to prior where both exist (load and context differ from when it was profiled), and
+is made non-decreasing with them by weighted pool-adjacent-violators (a prior is a guess of
+the shape, not a timing whose noise only slows); linear between sizes.
 """
 
 from __future__ import annotations
@@ -122,7 +129,11 @@ class LatencyCurve:
         return self._points
 
     def _fit(self) -> list[tuple[float, float]]:
-        medians = {n: (statistics.median_low(s), len(s)) for n, s in self.samples.items()}
+        medians: dict[float, tuple[float, int]] = {}
+        least = math.inf
+        for n in sorted(self.samples, reverse=True):  # the lower envelope from the right
+            least = min(least, statistics.median_low(self.samples[n]))
+            medians[n] = (least, len(self.samples[n]))
         ratios = [medians[n][0] / t for n, t in self.prior.items() if n in medians]
         scale = statistics.median(ratios) if ratios else 1.0
         for n, t in self.prior.items():
