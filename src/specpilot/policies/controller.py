@@ -449,12 +449,14 @@ class GoodputController:
         Where even a sure position cannot pay, exploring it is a pure loss: on the AVX2-only CPU
         at batch 2, verifying 5 tokens took 555 ms against 450 for 4, and eight steps exploring
         a second token cost the first batch ~10 % (BENCHMARKS §10.19)."""
-        value = self.plan_value(budgets, forecasts, catch_up, remaining)
+        value = None  # the plan's own, computed once a row is a candidate
         for q, (budget, cap) in enumerate(zip(budgets, caps, strict=True)):
             if 0 < budget < cap and self.long_run.tested_at(budget) < EXPLORE_SAMPLES:
+                if value is None:
+                    value = self.plan_value(budgets, forecasts, catch_up, remaining)
                 deeper = [b + (r == q) for r, b in enumerate(budgets)]
-                sure = [list(f) for f in forecasts]
-                sure[q][budget] = 1.0
+                sure = list(forecasts)
+                sure[q] = [*forecasts[q][:budget], 1.0]
                 if self.plan_value(deeper, sure, catch_up, remaining) > value:
                     return deeper
         return budgets
@@ -469,7 +471,7 @@ class GoodputController:
         """What a plan is worth by the objective plans are chosen by, higher better: tokens per
         second (best_plan; catch-up charged at 1/horizon), or, with rows' `remaining` tokens,
         minus the expected seconds until the last row finishes (finish_plan; catch-up whole)."""
-        other = statistics.median(self.other) if self.other else 0.0
+        other = self.other_seconds()
         units = max(budgets, default=0) if self.joint else sum(budgets)
         fed = len(budgets) + sum(self.nodes(k) for k in budgets)
         step = other + self.draft(units) + self.verify(fed)
@@ -479,6 +481,10 @@ class GoodputController:
             return sum(emitted) / (step + catching_up / self.horizon())
         steps = max(r / e for r, e in zip(remaining, emitted, strict=True))
         return -(step * steps + catching_up)
+
+    def other_seconds(self) -> float:
+        """T_other: the median of a step's seconds outside drafting and the target forward."""
+        return statistics.median(self.other) if self.other else 0.0
 
     def horizon(self) -> float:
         """Steps a row that catches up is expected to draft for, paying its catch-up over them:
@@ -510,7 +516,7 @@ class GoodputController:
             return math.inf
         q = probe.index(1)
         rows = len(probe)
-        other = statistics.median(self.other) if self.other else 0.0
+        other = self.other_seconds()
         plain_s = other + self.verify(rows)
         seconds = other + self.draft(1) + catch_up[q] + self.verify(rows + self.nodes(1))
         loss = max(seconds / plain_s - (rows + forecasts[q][0]) / rows, 0.0)
@@ -566,7 +572,7 @@ class GoodputController:
         feeding the target more than twice the most tokens it was timed on are left out (the
         next step measures further)."""
         rows = len(forecasts)
-        other = statistics.median(self.other) if self.other else 0.0
+        other = self.other_seconds()
         # Beyond the largest size timed, T is a guess: go at most twice as far, then measure.
         limit = 2 * self.verify.points()[-1][0]
         items = list(marginal_order(forecasts))
@@ -624,7 +630,7 @@ class GoodputController:
         needs the most steps, until that row can draft no further. Returns the budgets and the
         gain a drafted position must bring (as best_plan's, at the bottleneck row's rate)."""
         rows = len(forecasts)
-        other = statistics.median(self.other) if self.other else 0.0
+        other = self.other_seconds()
         limit = 2 * self.verify.points()[-1][0]
         emitted = [  # per row, expected tokens a step emits with budget 0, 1, ...: 1 + E[N]
             list(itertools.accumulate(itertools.accumulate(f, operator.mul), initial=1.0))
