@@ -19,6 +19,7 @@ from specpilot.policies.controller import (
     MAX_PROBE_GAP,
     PRIOR_ACCEPTANCE,
     RESUME_HORIZON,
+    SAMPLE_AGE,
     AcceptanceByPosition,
     ConfidenceCalibration,
     GoodputController,
@@ -179,6 +180,22 @@ def test_a_size_timed_slow_while_the_machine_was_busy_does_not_flatten_the_curve
     assert curve(2) == pytest.approx(0.450)
     assert curve(5) == pytest.approx(0.555) and curve(6) == pytest.approx(0.678)
     assert curve(1) == pytest.approx(0.416)
+
+
+def test_a_curve_forgets_timings_older_than_its_max_age():
+    """Age counts the curve's samples of any size: a size not timed again for max_age samples
+    is unmeasured again and reads from its neighbours (beyond the last, their slope)."""
+    curve = LatencyCurve(max_age=4)
+    curve.add(1, 0.40)
+    curve.add(4, 1.50)  # timed once, under load
+    for _ in range(2):
+        curve.add(2, 0.45)
+        curve.add(3, 0.45)
+    assert curve.measured(4) == 0 and curve.measured(1) == 0 and curve.measured(3) == 2
+    assert curve(4) == pytest.approx(0.45)
+    assert LatencyCurve(window=3).measured(4) == 0
+    with pytest.raises(ConfigError, match="max_age"):
+        LatencyCurve(max_age=0)
 
 
 def test_draft_curve_is_proportional():
@@ -535,6 +552,29 @@ def test_a_position_that_cannot_pay_even_if_always_accepted_is_not_explored(fini
         policy.acceptance.tested, policy.acceptance.accepted = [500.0], [350.0]
     remaining = [40, 40] if finish else None
     assert c.plan(policies, [4, 4], remaining) == [1, 1]
+
+
+def test_a_size_timed_once_under_load_is_retimed_once_forgotten():
+    """BENCHMARKS §10.19's deliberate test: at batch 2 on the AVX2-only CPU one 4-token
+    verification timed while two other processes ran took 1504 ms (3 tokens: 445). Drafting in
+    both rows, the one plan that pays when the batch finishes together, then looks hopeless even
+    if always accepted, and probes (one token in one row, 3 fed) never re-time 4 tokens. Plain
+    steps and probes age that timing out after SAMPLE_AGE steps; then the batch drafts again."""
+    c = GoodputController(joint=True)
+    c.verify.add(4, 1.504)
+    c.draft.add(1, 0.17)
+    c.other.append(0.0)
+    c.long_run.tested, c.long_run.accepted = [100.0], [70.0]
+    policies = [GoodputPolicy(max_k=4) for _ in range(2)]
+    for policy in policies:
+        policy.opening = False
+        policy.acceptance.tested, policy.acceptance.accepted = [500.0], [350.0]
+    for step in range(SAMPLE_AGE):
+        c.verify.add(3 if step % MAX_PROBE_GAP < 2 else 2, 0.445)  # probes, plain steps
+        if step == SAMPLE_AGE - 2:
+            assert c.plan(policies, [4, 4], remaining=[40, 40]) == [0, 0]
+    assert c.verify.measured(4) == 0
+    assert c.plan(policies, [4, 4], remaining=[40, 40]) == [1, 1]
 
 
 def test_first_steps_are_learned_apart_from_the_rest_of_a_request():

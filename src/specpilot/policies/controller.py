@@ -74,6 +74,15 @@ batch-2 run's warm-up the first 3-token verification took 305 ms, the next 209 m
 ones did); their median, then the estimate, ruled drafting out on all 8 prompts, where constant
 k = 1 paid 3 % (the curve now takes the lower of two, latency.py)."""
 
+SAMPLE_AGE = (RETIME_SAMPLES + 1) * MAX_PROBE_GAP
+"""Steps after which a verification timing is forgotten (drafting steps, for a draft timing).
+At batch 2 on the AVX2-only CPU, a single 4-token verification timed while two other processes
+ran (1504 ms against 445 for 3 tokens) ruled out drafting in both rows, the only plan that pays
+when the batch finishes together, and probes (one token in one row) never re-timed 4 tokens: the
+controller decoded plainly for the rest of the engine's life (BENCHMARKS §10.19). Forgotten, the
+size reads from its neighbours again and the next plan that needs it re-times it. Long enough
+that a verdict's re-timing probes, MAX_PROBE_GAP apart, keep their RETIME_SAMPLES timings."""
+
 RESUME_HORIZON = 16
 """The most steps a row that starts or resumes drafting is expected to go on drafting, and the
 guess before any drafting spell has ended: the one-time cost of catching its drafter up is
@@ -315,8 +324,8 @@ class GoodputController:
     ) -> None:
         require(0 < probe_share <= 1, f"goodput probe_share must be in (0, 1], got {probe_share}")
         self.joint = joint
-        self.verify = LatencyCurve(verify_prior, window)
-        self.draft = LatencyCurve(window=window, proportional=True)
+        self.verify = LatencyCurve(verify_prior, window, max_age=SAMPLE_AGE)
+        self.draft = LatencyCurve(window=window, proportional=True, max_age=SAMPLE_AGE)
         self.other: deque[float] = deque(maxlen=window)
         self.acceptance = AcceptanceByPosition(memory)
         self.long_run = AcceptanceByPosition(LONG_RUN_MEMORY)

@@ -20,7 +20,10 @@ rows looked as cheap as a plain step and ran 12 % behind one token (BENCHMARKS ย
 curve (a `specpilot profile` JSON) fills sizes never measured, scaled by the median ratio of
 measured to prior where both exist (load and context differ from when it was profiled), and
 is made non-decreasing with them by weighted pool-adjacent-violators (a prior is a guess of
-the shape, not a timing whose noise only slows); linear between sizes.
+the shape, not a timing whose noise only slows); linear between sizes. A timing older than
+`max_age` samples of the curve is forgotten: a size timed only while another process ran, and
+never again because that timing ruled out the plans that feed it, would otherwise stay slow for
+the life of the engine (BENCHMARKS ยง10.19).
 """
 
 from __future__ import annotations
@@ -92,15 +95,18 @@ class LatencyCurve:
     proportion, and with no sample it is 0 (optimistic, so the controller tries it and learns).
     Otherwise (verification, size >= 1): flat below the first size; beyond the last, its
     average slope over the measured range (flat with one size: optimistic, so larger sizes get
-    tried once)."""
+    tried once). `max_age`: samples of the curve (any size) after which a timing is forgotten
+    (None: never)."""
 
     def __init__(
         self,
         prior: Iterable[tuple[float, float]] = (),
         window: int = 9,
         proportional: bool = False,
+        max_age: int | None = None,
     ) -> None:
         require(window >= 1, f"latency window must be >= 1, got {window}")
+        require(max_age is None or max_age >= 1, f"latency max_age must be >= 1, got {max_age}")
         self.prior = {float(n): float(t) for n, t in prior}
         require(
             all(n >= 1 and math.isfinite(t) and t > 0 for n, t in self.prior.items()),
@@ -108,18 +114,31 @@ class LatencyCurve:
         )
         self.window = window
         self.proportional = proportional
-        self.samples: dict[float, deque[float]] = {}
+        self.max_age = max_age
+        self.clock = 0
+        """Samples added so far, all sizes: the age unit."""
+        self.samples: dict[float, deque[tuple[int, float]]] = {}
+        """Per size, its last `window` (clock, seconds) samples."""
         self._points: list[tuple[float, float]] | None = None
 
     def add(self, size: float, seconds: float) -> None:
         """One measured step; a size of 0 (nothing to time) or a non-positive time is ignored."""
         if size <= 0 or not math.isfinite(seconds) or seconds <= 0:
             return
-        self.samples.setdefault(float(size), deque(maxlen=self.window)).append(float(seconds))
+        self.clock += 1
+        held = self.samples.setdefault(float(size), deque(maxlen=self.window))
+        held.append((self.clock, float(seconds)))
+        if self.max_age is not None:
+            for n in list(self.samples):
+                held = self.samples[n]
+                while held and held[0][0] <= self.clock - self.max_age:
+                    held.popleft()
+                if not held:
+                    del self.samples[n]
         self._points = None
 
     def measured(self, size: float) -> int:
-        """Samples held at this size."""
+        """Samples held at this size (not yet forgotten)."""
         return len(self.samples.get(float(size), ()))
 
     def points(self) -> list[tuple[float, float]]:
@@ -132,7 +151,7 @@ class LatencyCurve:
         medians: dict[float, tuple[float, int]] = {}
         least = math.inf
         for n in sorted(self.samples, reverse=True):  # the lower envelope from the right
-            least = min(least, statistics.median_low(self.samples[n]))
+            least = min(least, statistics.median_low(t for _, t in self.samples[n]))
             medians[n] = (least, len(self.samples[n]))
         ratios = [medians[n][0] / t for n, t in self.prior.items() if n in medians]
         scale = statistics.median(ratios) if ratios else 1.0
