@@ -7,6 +7,8 @@ from pathlib import Path
 
 
 def cell(level: dict) -> str:
+    if not level["requests"]:
+        return f"0 done in {level['duration_s']:.0f} s (level time limit)"
     extra = f", MAT {level['mean_accepted_tokens']:.2f}" if level.get("acceptance_rate") else ""
     if level["timed_out"]:
         extra += f", {level['requests']} done in {level['duration_s']:.0f} s (level time limit)"

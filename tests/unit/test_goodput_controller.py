@@ -321,6 +321,26 @@ def test_no_probes_where_even_drafts_always_accepted_would_not_pay():
     assert sum(flat.plan(policies, [4] * 4)) == 1
 
 
+def test_a_new_requests_probe_prices_its_prompt_read_as_plans_do():
+    """A server at concurrency 1 on the AVX2-only CPU (BENCHMARKS §10.20): a plain step 497 ms,
+    a draft step 200 ms, the draft model's read of a new request's prompt 817 ms, first
+    positions accepted 47 % (one drafted token at break-even, so the plan drafts nothing). Plans
+    spread that read over the steps rows go on drafting; priced whole, the probe lost 1.6 plain
+    steps and came every 158 idle steps, after the 64-token requests had ended, so no later
+    request was tried. Priced as plans price it, a probe comes within a few idle steps; when
+    finishing a batch, where plans pay a catch-up whole, so does the probe."""
+    c = controller(lambda n: 0.497, draft=lambda u: 0.2 * u)
+    c.long_run.tested, c.long_run.accepted = [100.0], [47.0]
+    c.start.append(0.817)
+    policies = [GoodputPolicy(max_k=4) for _ in range(2)]
+    for policy in policies:
+        policy.opening = False
+    plans = [c.plan(policies[:1], [4]) for _ in range(8)]
+    assert plans[0] == [0] and [1] in plans
+    c.idle = 0
+    assert all(sum(c.plan(policies, [4, 4], remaining=[40, 40])) == 0 for _ in range(8))
+
+
 def test_steps_that_catch_the_drafter_up_teach_the_catch_up_cost_not_draft_time():
     """A row drafting first feeds its draft model what it missed (the prompt on its first
     drafting step, the tokens accepted meanwhile when it resumes): timing that as drafting would

@@ -431,13 +431,22 @@ class GoodputController:
         up with the 0.5B draft on the AVX2 EPYC), acceptance is not worth learning: probe only
         every MAX_PROBE_GAP steps, to re-time drafting, once the probe's verification size is
         timed RETIME_SAMPLES times (before, at once). Otherwise at once while the batch-wide
-        acceptance is unknown (EXPLORE_SAMPLES), then at probe_gap."""
+        acceptance is unknown (EXPLORE_SAMPLES), then at probe_gap, with the probing row's
+        catch-up priced as plans price it (`plan_value`: whole when finishing a batch, else over
+        the horizon). Priced whole, a request's first probe paid its draft model's read of the
+        whole prompt as a loss: a server at concurrency 1 on the AVX2-only CPU (0.5B draft,
+        prompt read 817 ms, a plain step 497 ms) then probed every 158 idle steps, more than a
+        request's 64, and after one request whose first position was accepted 47 % of the time
+        (where one drafted token is at break-even) it drafted on none of the next five, while
+        constant k = 2 ran at 1.29x plain decoding on them (BENCHMARKS §10.20)."""
         perfect = [[1.0] * len(forecast) for forecast in forecasts]
         if not any(self._optimal(perfect, catch_up, remaining)[0]):
             timed = self.verify.measured(len(forecasts) + round(self.nodes(1)))
             return MAX_PROBE_GAP if timed >= RETIME_SAMPLES else 0
         if self.long_run.tested_at(0) < EXPLORE_SAMPLES:
             return 0
+        if remaining is None:
+            catch_up = [seconds / self.horizon() for seconds in catch_up]
         return self.probe_gap(probe, forecasts, catch_up)
 
     def _deepen(
@@ -518,7 +527,7 @@ class GoodputController:
     ) -> float:
         """Steps without drafting before this probe: what it is expected to lose, in plain
         steps (its seconds over a plain step's, less its tokens over a plain step's; by the
-        current estimates, the row's catch-up paid whole), over `probe_share`, at most
+        current estimates, with the row's `catch_up` as given), over `probe_share`, at most
         MAX_PROBE_GAP. Counted in plain steps, not as a goodput ratio: a probe costing three
         plain steps loses two of them, where 1 − its goodput ratio would say 0.67."""
         if not any(probe):
