@@ -326,8 +326,8 @@ def test_a_new_requests_probe_prices_its_prompt_read_as_plans_do():
     a draft step 200 ms, the draft model's read of a new request's prompt 817 ms, first
     positions accepted 47 % (one drafted token at break-even, so the plan drafts nothing). Plans
     spread that read over the steps rows go on drafting; priced whole, the probe lost 1.6 plain
-    steps and came every 158 idle steps, after the 64-token requests had ended, so no later
-    request was tried. Priced as plans price it, a probe comes within a few idle steps; when
+    steps and came every 158 idle steps, longer than a 64-token request, so the next three
+    requests were not tried. Priced as plans price it, a probe comes within a few idle steps; when
     finishing a batch, where plans pay a catch-up whole, so does the probe."""
     c = controller(lambda n: 0.497, draft=lambda u: 0.2 * u)
     c.long_run.tested, c.long_run.accepted = [100.0], [47.0]

@@ -437,8 +437,8 @@ class GoodputController:
         whole prompt as a loss: a server at concurrency 1 on the AVX2-only CPU (0.5B draft,
         prompt read 817 ms, a plain step 497 ms) then probed every 158 idle steps, more than a
         request's 64, and after one request whose first position was accepted 47 % of the time
-        (where one drafted token is at break-even) it drafted on none of the next five, while
-        constant k = 2 ran at 1.29x plain decoding on them (BENCHMARKS §10.20)."""
+        (where one drafted token is at break-even) it drafted on none of the next three, 0.76
+        of constant k = 2 over the level (BENCHMARKS §10.20)."""
         perfect = [[1.0] * len(forecast) for forecast in forecasts]
         if not any(self._optimal(perfect, catch_up, remaining)[0]):
             timed = self.verify.measured(len(forecasts) + round(self.nodes(1)))
