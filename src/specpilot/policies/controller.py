@@ -446,7 +446,7 @@ class GoodputController:
         if self.long_run.tested_at(0) < EXPLORE_SAMPLES:
             return 0
         if remaining is None:
-            catch_up = [seconds / self.horizon() for seconds in catch_up]
+            catch_up = self.spread_catch_up(catch_up)
         return self.probe_gap(probe, forecasts, catch_up)
 
     def _deepen(
@@ -513,6 +513,12 @@ class GoodputController:
         if not self.spells:
             return float(RESUME_HORIZON)
         return min(max(statistics.median(self.spells), 1.0), float(RESUME_HORIZON))
+
+    def spread_catch_up(self, catch_up: Sequence[float]) -> list[float]:
+        """Rows' catch-up seconds per step when maximising tokens per second: each spread over
+        the horizon (best_plan, and the probes that price a plan as best_plan does)."""
+        horizon = self.horizon()
+        return [seconds / horizon for seconds in catch_up]
 
     def catch_up(self, policy: GoodputPolicy) -> float:
         """Seconds this row's drafter is expected to spend catching up if it drafts now (0 when
@@ -596,8 +602,7 @@ class GoodputController:
         items = list(marginal_order(forecasts))
         deepest = max(len(f) for f in forecasts)
         extra = [0.0] + [max(self.nodes(k) - self.nodes(k - 1), 0.0) for k in range(1, deepest + 1)]
-        horizon = self.horizon()
-        share = [c / horizon for c in catch_up] if catch_up else [0.0] * rows
+        share = self.spread_catch_up(catch_up) if catch_up else [0.0] * rows
         orders = [items]  # a catching-up row's first position costs more than its gain says, so
         if any(share):  # plans that leave every catching-up row out are scanned too
             orders.append([item for item in items if not share[item[0]]])

@@ -126,12 +126,13 @@ class LatencyCurve:
         if size <= 0 or not math.isfinite(seconds) or seconds <= 0:
             return
         self.clock += 1
-        held = self.samples.setdefault(float(size), deque(maxlen=self.window))
-        held.append((self.clock, float(seconds)))
-        if self.max_age is not None:
-            for n in list(self.samples):
-                held = self.samples[n]
-                while held and held[0][0] <= self.clock - self.max_age:
+        self.samples.setdefault(float(size), deque(maxlen=self.window)).append(
+            (self.clock, float(seconds))
+        )
+        if self.max_age is not None:  # forget what is max_age samples old
+            oldest = self.clock - self.max_age
+            for n, held in list(self.samples.items()):
+                while held and held[0][0] <= oldest:
                     held.popleft()
                 if not held:
                     del self.samples[n]
