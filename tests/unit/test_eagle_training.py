@@ -18,6 +18,7 @@ from specpilot.drafting.eagle_head import EagleShape
 from specpilot.engine import SpeculativeEngine
 from specpilot.errors import ConfigError
 from specpilot.models.decoder import DecoderRunner
+from specpilot.models.loading import cpu_has_native_bf16
 from specpilot.training.eagle.data import (
     RESPONSES_FILE,
     DataOptions,
@@ -157,8 +158,10 @@ def test_training_lowers_the_loss_and_resumes(tmp_path):
     assert (tmp_path / "head" / "eagle_config.json").is_file()
     assert (tmp_path / "learning_curve.png").is_file()
     # Re-running the finished command resumes at the end and changes nothing; how often it
-    # evaluates and saves may change between sessions.
-    resumed = dataclasses.replace(config, eval_every=9, save_every=1)
+    # evaluates and saves, and whether it autocasts to bf16 (the machine's), may change.
+    resumed = dataclasses.replace(
+        config, eval_every=9, save_every=1, bf16=not cpu_has_native_bf16()
+    )
     again = train_eagle(target, samples, tmp_path, resumed, shape, progress=False)
     for a, b in zip(head.parameters(), again.parameters(), strict=True):
         torch.testing.assert_close(a, b)

@@ -19,7 +19,7 @@ from specpilot.models import LoadedModel, check_same_tokenizer, load_model
 from specpilot.models.cpu import SPEED_FLAGS, cpu_info
 from specpilot.models.decoder import DecoderRunner
 from specpilot.models.hf_adapter import HFRunner
-from specpilot.models.loading import cpu_has_native_bf16, resolve_dtype
+from specpilot.models.loading import cpu_autocast, cpu_has_native_bf16, resolve_dtype
 from specpilot.models.offline import OFFLINE_MODELS, convert_gguf
 
 
@@ -96,6 +96,10 @@ def test_auto_dtype_and_bench_reports_follow_the_cpu_flags():
     assert cpu_has_native_bf16() == bool(flags & {"avx512_bf16", "amx_bf16"})
     expected = torch.bfloat16 if cpu_has_native_bf16() else torch.float32
     assert resolve_dtype("auto", "cpu") is expected
+    for bf16, enabled in ((None, cpu_has_native_bf16()), (True, True), (False, False)):
+        with cpu_autocast(bf16):  # training's autocast: by default the same rule
+            assert torch.is_autocast_enabled("cpu") == enabled
+            assert torch.get_autocast_dtype("cpu") is torch.bfloat16
     machine = machine_info()
     assert machine["cpu_flags"] == sorted(flags & SPEED_FLAGS)
     assert machine["cpu"] and (model is None or machine["cpu"] == model)

@@ -31,8 +31,12 @@ def test_train_ppow_then_generate_equals_plain(trained, target, tmp_path, capsys
     )
     assert code == 0, err
     assert json.loads(text)["token_ids"] == json.loads(plain)["token_ids"]
-    # Re-running the finished command resumes at the end: the log is unchanged.
-    assert run_cli(capsys, *argv)[0] == 0
+    # Re-running the finished command resumes at the end: the log is unchanged, also where the
+    # bf16 autocast differs (it follows the machine a run resumes on).
+    assert json.loads((out / "train_config.json").read_text())["bf16"] is None
+    assert run_cli(capsys, *argv, "--no-bf16")[0] == 0
+    assert run_cli(capsys, *argv, "--bf16")[0] == 0
+    assert json.loads((out / "train_config.json").read_text())["bf16"] is True
     assert (out / "train_log.csv").read_text().splitlines() == rows
 
 

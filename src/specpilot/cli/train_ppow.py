@@ -70,7 +70,7 @@ HELP = {
     "eval_every": "updates between held-out evaluations",
     "save_every": "updates between checkpoints",
     "seed": "seed of window choice and sampling",
-    "bf16": "head matrix products in bf16 autocast",
+    "bf16": "head matrix products in bf16 autocast (None: where the CPU computes bf16 natively)",
 }
 
 
@@ -152,7 +152,7 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
         options = {"default": defaults[name], "help": HELP[name] + " (default: %(default)s)"}
         if name == "gamma":
             options |= {"type": _gamma, "metavar": "NUMBER|measured"}
-        elif kind is bool:
+        elif bool in (kind, *typing.get_args(kind)):  # bool, or bool | None (None: auto)
             options["action"] = argparse.BooleanOptionalAction
         elif name == "adaw_curriculum":
             options["type"] = _fractions

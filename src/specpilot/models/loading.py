@@ -51,6 +51,15 @@ def cpu_has_native_bf16() -> bool:
     return bool(cpu_info()[1] & {"avx512_bf16", "amx_bf16"})
 
 
+def cpu_autocast(bf16: bool | None = None) -> torch.autocast:
+    """bf16 autocast of CPU matrix products, for training: on where `bf16` asks for it, by
+    default (None) where the CPU computes bf16 natively. Emulated, a head layer's forward and
+    backward under bf16 autocast took ~9x as long as in float32 on an AVX2-only CPU, and a
+    continued-distillation update 250 s instead of ~10 s on a bf16 CPU."""
+    enabled = cpu_has_native_bf16() if bf16 is None else bf16
+    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=enabled)
+
+
 def resolve_dtype(dtype: str | torch.dtype, device: str | torch.device = "cpu") -> torch.dtype:
     """Map a dtype name (or torch dtype) to a torch dtype; "auto" picks bf16 where it is fast."""
     if isinstance(dtype, torch.dtype):

@@ -28,6 +28,7 @@ from tqdm import tqdm
 from specpilot.config import require
 from specpilot.drafting.eagle_head import EagleHead, EagleShape
 from specpilot.errors import ConfigError
+from specpilot.models.loading import cpu_autocast
 from specpilot.training.eagle.data import Sample
 from specpilot.training.eagle.features import require_cpu_target, sequence_features
 from specpilot.training.eagle.losses import chain_accepted_length, unrolled_losses
@@ -68,6 +69,9 @@ class EagleTrainConfig:
     max_updates: int | None = None
     """Stop after this many updates (None: after `epochs`); PPOW's continued-distillation
     baseline trains exactly as many updates as the PPOW run it is compared with."""
+    bf16: bool | None = None
+    """Head matrix products in bf16 autocast; off: float32; None: where the CPU computes bf16
+    natively (models.loading.cpu_autocast). A resumed run may differ: it follows the machine."""
 
     def __post_init__(self) -> None:
         require(self.epochs >= 1, f"epochs must be >= 1, got {self.epochs}")
@@ -231,9 +235,10 @@ def count_updates(train: list[Sample], config: EagleTrainConfig) -> int:
 
 def sequence_loss(head, runner, sample, shape, config, target_rows, diagnostics=False):
     """The target's features for one sample (a prefill), then the head's unrolled loss on them
-    (matrix products in bf16 where the CPU has it); `diagnostics` as unrolled_losses'."""
+    (matrix products in bf16 autocast as `config.bf16` says); `diagnostics` as
+    unrolled_losses'."""
     feats = sequence_features(runner, sample, shape.feature_layers, target_rows)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with cpu_autocast(config.bf16):
         return unrolled_losses(
             head, feats.taps, feats.embeds, feats.target_logits, feats.loss_mask,
             feats.cos, feats.sin, config.unroll, config.step_decay, diagnostics,
@@ -332,11 +337,12 @@ def load_checkpoint(out: Path, shape: EagleShape, config: dict) -> tuple[EagleHe
 
 
 def _training_settings(config: dict | None) -> dict | None:
-    """The settings a resumed run must share: all but how often it evaluates and saves (an
-    option added later with default None reads as unset in older runs)."""
+    """The settings a resumed run must share: all but how often it evaluates and saves and
+    whether it autocasts to bf16, which follows the machine it resumes on (an option added
+    later with default None reads as unset in older runs)."""
     if config is None:
         return None
-    skip = ("eval_every", "save_every")
+    skip = ("eval_every", "save_every", "bf16")
     return {k: v for k, v in config.items() if k not in skip and v is not None}
 
 

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from specpilot.models.loading import cpu_autocast
 from specpilot.training.ppow.config import PpowConfig
 
 
@@ -49,7 +50,7 @@ def score_windows(
     candidates: tuple[torch.Tensor, torch.Tensor],
     features,
     window: int,
-    autocast: bool,
+    bf16: bool | None,
     progress: bool,
     sequences: list[int] | None = None,
 ) -> torch.Tensor:
@@ -61,7 +62,7 @@ def score_windows(
     todo = indices.unique().tolist() if sequences is None else sequences
     for i in tqdm(todo, disable=not progress, desc="ADAW scores", leave=False):
         feats = features(samples[i])
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        with cpu_autocast(bf16):
             out, _, _ = head.block(head.fuse(feats.taps), feats.embeds, feats.cos, feats.sin)
             draft_logits = head.logits(out)
         tokens = token_criticality(feats.target_logits, draft_logits)

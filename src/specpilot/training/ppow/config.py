@@ -77,8 +77,9 @@ class PpowConfig:
     eval_every: int = 25
     save_every: int = 25
     seed: int = 0
-    bf16: bool = True
-    """Head matrix products in bf16 autocast (as train-eagle); off: float32."""
+    bf16: bool | None = None
+    """Head matrix products in bf16 autocast (as train-eagle); off: float32; None: where the
+    CPU computes bf16 natively (models.loading.cpu_autocast)."""
 
     def __post_init__(self) -> None:
         require(self.updates >= 1, f"updates must be >= 1, got {self.updates}")

@@ -28,6 +28,7 @@ from tqdm import tqdm
 
 from specpilot.drafting.eagle_head import EagleHead
 from specpilot.errors import ConfigError
+from specpilot.models.loading import cpu_autocast
 from specpilot.training.eagle.data import Sample
 from specpilot.training.eagle.features import (
     SequenceFeatures,
@@ -182,7 +183,7 @@ def ppow_update(
     for _ in range(config.ppo_epochs):
         optimizer.zero_grad(set_to_none=True)
         for batch in batches:
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.bf16):
+            with cpu_autocast(config.bf16):
                 prefix = head_prefix(head, batch.feats)
                 logp, _ = unroll_windows(
                     head, prefix, batch.feats, runner.embed, batch.lengths, config.group,
@@ -239,7 +240,7 @@ def _rollout(head, sample, lengths, features, runner, config, gamma, generator) 
     sample = Sample(sample.id, sample.prompt_ids, sample.response_ids[:end])
     feats = features(sample, keep_cache=True)
     g, k = config.group, config.window
-    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.bf16):
+    with torch.no_grad(), cpu_autocast(config.bf16):
         prefix = head_prefix(head, feats)
         logp, tokens = unroll_windows(
             head, prefix, feats, runner.embed, lengths, g, k, config.temperature,
@@ -351,6 +352,7 @@ def continued_distillation(
         save_every=config.save_every,
         seed=config.seed,
         max_updates=config.updates,
+        bf16=config.bf16,
     )
     return train_eagle(target, samples, out, eagle, init.shape, progress, init=init)
 
