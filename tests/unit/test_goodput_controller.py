@@ -391,27 +391,30 @@ def test_resuming_rows_pay_their_catch_up_in_the_plan():
     forecasts = [[0.8] * 4, [0.8] * 4]
     warm = c.best_plan(forecasts, [0.0, 0.0])[0]
     assert all(k > 0 for k in warm)
-    dear = RESUME_HORIZON * 1.0  # one second per step for each row catching up
+    dear = 1.0  # seconds charged per step for each row catching up
     assert c.best_plan(forecasts, [dear, dear])[0] == [0, 0]
     assert c.best_plan(forecasts, [0.0, dear])[0] == [warm[0], 0]
-    cheap = RESUME_HORIZON * 1e-4
+    cheap = 1e-4
     assert c.best_plan(forecasts, [cheap, cheap])[0] == warm
 
 
 def test_a_catch_up_is_spread_over_the_spells_rows_keep():
-    """Rows that stop drafting after a step or two pay a start whole: the plan spreads a
+    """Rows that stop drafting after a step or two pay a catch-up whole: a plan is charged a
     catch-up over the median spell rows ended lately (RESUME_HORIZON before any, and at most),
     counting spells that ended with their request."""
     c = controller(lambda n: 0.1 + 0.002 * n, draft=lambda u: 0.01 * u)
     forecasts = [[0.8] * 4, [0.8] * 4]
-    start = 0.4  # seconds per row: worth it over 16 steps, not over one
-    assert c.horizon() == RESUME_HORIZON
-    assert all(c.best_plan(forecasts, [start, start])[0])
+    c.start.append(0.4)  # seconds per row: worth it over 16 steps, not over one
     policies = [GoodputPolicy(max_k=4) for _ in range(2)]
+    charges = [c.charge(policy, whole=False) for policy in policies]
+    assert c.horizon() == RESUME_HORIZON and charges == [0.4 / RESUME_HORIZON] * 2
+    assert all(c.best_plan(forecasts, charges)[0])
+    assert [c.charge(policy, whole=True) for policy in policies] == [0.4, 0.4]
     c._remember(policies, [1, 1])
     c._remember(policies, [0, 1])  # row 0 ends a one-step spell
     assert list(c.spells) == [1] and c.horizon() == 1.0
-    assert c.best_plan(forecasts, [start, start])[0] == [0, 0]
+    fresh = [GoodputPolicy(max_k=4) for _ in range(2)]
+    assert c.best_plan(forecasts, [c.charge(policy, whole=False) for policy in fresh])[0] == [0, 0]
     policies[1].reset()  # row 1's request ends two steps into its spell
     c._remember(policies, [0, 0])
     assert list(c.spells) == [1, 2] and c.horizon() == 1.5
@@ -421,6 +424,34 @@ def test_a_catch_up_is_spread_over_the_spells_rows_keep():
         policy.reset()
     c._remember(policies, [0, 0])
     assert c.horizon() == RESUME_HORIZON  # median of 1, 2, 40, 40, capped
+
+
+def test_a_start_is_spread_over_the_steps_its_request_drafts_in_all():
+    """A start reads the prompt into the draft model once and serves every later spell, which
+    resumes for a few tokens: it is charged over the steps requests drafted on in all, not over
+    one spell. The server at concurrency 1 on the AVX2-only CPU (BENCHMARKS §10.20): a first
+    request at break-even drafted 37 of its steps in spells of 3-4, and the next requests' starts
+    (817 ms) were charged a third of their cost per step; a resume stays priced per spell."""
+    c = controller(lambda n: 0.497 + 0.06 * (n - 1), draft=lambda u: 0.2 * u)
+    c.start.append(0.817)
+    c.resume.append(0.3)
+    first, second = GoodputPolicy(max_k=4), GoodputPolicy(max_k=4)
+    assert c.start_horizon() == c.horizon() == RESUME_HORIZON  # no request has ended yet
+    for spell in [4, 3, 12, 3, 4, 3, 2, 3, 3]:  # 37 drafted steps in spells of 3 or so
+        for budget in [1] * spell + [0]:
+            c._remember([first], [budget])
+    assert c.horizon() == 3.0 and first.drafted_steps == 37
+    assert c.charge(second, whole=False) == pytest.approx(0.817 / 3.0)  # before: one spell's
+    first.reset()
+    c._remember([first], [0])
+    assert list(c.lifetimes) == [37] and c.start_horizon() == 37.0
+    assert c.charge(second, whole=False) == pytest.approx(0.817 / 37.0)
+    assert c.charge(second, whole=True) == pytest.approx(0.817)
+    second.drafted_ever = True  # it has read its prompt: resumes are charged per spell
+    assert c.charge(second, whole=False) == pytest.approx(0.3 / 3.0)
+    forecast = [[0.7, 0.7]]  # drafting pays with a start charged over 37 steps, not over 3
+    assert c.best_plan(forecast, [0.817 / 37.0])[0] == [1]
+    assert c.best_plan(forecast, [0.817 / 3.0])[0] == [0]
 
 
 def test_finishing_a_batch_follows_the_row_that_needs_most_steps():

@@ -84,9 +84,10 @@ size reads from its neighbours again and the next plan that needs it re-times it
 that a verdict's re-timing probes, MAX_PROBE_GAP apart, keep their RETIME_SAMPLES timings."""
 
 RESUME_HORIZON = 16
-"""The most steps a row that starts or resumes drafting is expected to go on drafting, and the
-guess before any drafting spell has ended: the one-time cost of catching its drafter up is
-charged to a plan at 1/horizon of it per step (GoodputController.horizon; untuned)."""
+"""The most steps a row that resumes drafting is expected to go on drafting, and the guess
+before any drafting spell has ended: the one-time cost of catching its drafter up is charged to
+a plan at 1/horizon of it per step (GoodputController.horizon, also a start's before any request
+that drafted has ended; untuned)."""
 
 
 class AcceptanceByPosition:
@@ -184,6 +185,10 @@ class GoodputPolicy:
     """Steps this row has drafted in a row, up to its last (0: it did not draft on it)."""
     ended_spell: int = field(default=0, init=False, repr=False)
     """The spell the row's last request ended in, for the controller to learn from."""
+    drafted_steps: int = field(default=0, init=False, repr=False)
+    """Steps this request has drafted on, over all its spells."""
+    ended_drafted_steps: int = field(default=0, init=False, repr=False)
+    """drafted_steps of the row's last request, for the controller to learn from."""
 
     @property
     def drafted_last(self) -> bool:
@@ -198,6 +203,7 @@ class GoodputPolicy:
     def reset(self) -> None:
         self.acceptance = AcceptanceByPosition(self.memory)
         self.ended_spell, self.spell = self.spell, 0
+        self.ended_drafted_steps, self.drafted_steps = self.drafted_steps, 0
         self.drafted_ever = False
         self.opening = True
         self.prepare([], 0.0, None)
@@ -300,10 +306,11 @@ class GoodputController:
     Catching up: a row that did not draft on its last step first catches its drafter up, once:
     a draft model reads the whole prompt when the request first drafts (`start`), or the few
     tokens accepted meanwhile when it resumes (`resume`). Both costs are learned per row from the
-    steps that pay them and charged to plans that have a row catch up: when maximising tokens
-    per second, spread over the steps rows were seen to go on drafting (`horizon`, at most
-    RESUME_HORIZON), so a large batch does not pay sixteen prompts' catch-up for one step of
-    drafting that does not pay; whole when finishing a batch.
+    steps that pay them and charged to plans that have a row catch up (`charge`): when
+    maximising tokens per second, spread over the steps they serve, so a large batch does not
+    pay sixteen prompts' catch-up for one step of drafting that does not pay; whole when
+    finishing a batch. A resume serves one spell (`horizon`); a start serves every step its
+    request drafts on, later spells included (`start_horizon`).
 
     Openings: a request's first step drafts the answer's first token, which a draft model
     predicts far worse than the tokens after it: with the 0.5B draft at batch 4, constant k = 1
@@ -346,6 +353,8 @@ class GoodputController:
         """Seconds of catch-up per row resuming after steps without drafting."""
         self.spells: deque[int] = deque(maxlen=window)
         """Lengths in steps of the last drafting spells rows ended (`horizon`)."""
+        self.lifetimes: deque[int] = deque(maxlen=window)
+        """Steps drafted on, in all, by the last requests that drafted (`start_horizon`)."""
         self.probe_share = probe_share
         self.idle = 0
         self.starting = self.resuming = 0
@@ -379,7 +388,7 @@ class GoodputController:
             (opening if policy.opening else policy.forecast(prior, pooling))[:cap]
             for policy, cap in zip(policies, caps, strict=True)
         ]
-        catch_up = [self.catch_up(policy) for policy in policies]
+        catch_up = [self.charge(policy, whole=finish) for policy in policies]
         probe = self._probe(forecasts, policies)
         if not self.draft.points():
             budgets, stop_gain = probe, 0.0
@@ -426,27 +435,24 @@ class GoodputController:
         catch_up: Sequence[float],
         remaining: Sequence[int] | None,
     ) -> float:
-        """Idle steps due before the next probe. Where even drafts that are always accepted
-        would not pay (the verify curve and draft cost alone rule drafting out, as at batch 4 and
-        up with the 0.5B draft on the AVX2 EPYC), acceptance is not worth learning: probe only
-        every MAX_PROBE_GAP steps, to re-time drafting, once the probe's verification size is
-        timed RETIME_SAMPLES times (before, at once). Otherwise at once while the batch-wide
-        acceptance is unknown (EXPLORE_SAMPLES), then at probe_gap, with the probing row's
-        catch-up priced as plans price it (`plan_value`: whole when finishing a batch, else over
-        the horizon). Priced whole, a request's first probe paid its draft model's read of the
-        whole prompt as a loss: a server at concurrency 1 on the AVX2-only CPU (0.5B draft,
+        """Idle steps due before the next probe. Where even drafts that are always accepted would
+        not pay (the verify curve and draft cost alone rule drafting out, as at batch 4 and up with
+        the 0.5B draft on the AVX2 EPYC), acceptance is not worth learning: probe only every
+        MAX_PROBE_GAP steps, to re-time drafting, once the probe's verification size is timed
+        RETIME_SAMPLES times (before, at once). Otherwise at once while the batch-wide acceptance is
+        unknown (EXPLORE_SAMPLES), then at probe_gap, with the probing row's catch-up priced as
+        plans price it (`charge`). Priced whole, a request's first probe paid its draft model's read
+        of the whole prompt as a loss: a server at concurrency 1 on the AVX2-only CPU (0.5B draft,
         prompt read 817 ms, a plain step 497 ms) then probed every 158 idle steps, more than a
         request's 64, and after one request whose first position was accepted 47 % of the time
-        (where one drafted token is at break-even) it drafted on none of the next three, 0.76
-        of constant k = 2 over the level (BENCHMARKS §10.20)."""
+        (where one drafted token is at break-even) it drafted on none of the next three, 0.76 of
+        constant k = 2 over the level (BENCHMARKS §10.20)."""
         perfect = [[1.0] * len(forecast) for forecast in forecasts]
         if not any(self._optimal(perfect, catch_up, remaining)[0]):
             timed = self.verify.measured(len(forecasts) + round(self.nodes(1)))
             return MAX_PROBE_GAP if timed >= RETIME_SAMPLES else 0
         if self.long_run.tested_at(0) < EXPLORE_SAMPLES:
             return 0
-        if remaining is None:
-            catch_up = self.spread_catch_up(catch_up)
         return self.probe_gap(probe, forecasts, catch_up)
 
     def _deepen(
@@ -487,8 +493,8 @@ class GoodputController:
         remaining: Sequence[int] | None = None,
     ) -> float:
         """What a plan is worth by the objective plans are chosen by, higher better: tokens per
-        second (best_plan; catch-up charged at 1/horizon), or, with rows' `remaining` tokens,
-        minus the expected seconds until the last row finishes (finish_plan; catch-up whole)."""
+        second (best_plan), or, with rows' `remaining` tokens, minus the expected seconds until
+        the last row finishes (finish_plan); `catch_up` as each charges it (`charge`)."""
         other = self.other_seconds()
         units = max(budgets, default=0) if self.joint else sum(budgets)
         fed = len(budgets) + sum(self.nodes(k) for k in budgets)
@@ -496,7 +502,7 @@ class GoodputController:
         emitted = [1.0 + expected_accepted(f, k) for f, k in zip(forecasts, budgets, strict=True)]
         catching_up = sum(c for c, k in zip(catch_up, budgets, strict=True) if k)
         if remaining is None:
-            return sum(emitted) / (step + catching_up / self.horizon())
+            return sum(emitted) / (step + catching_up)
         steps = max(r / e for r, e in zip(remaining, emitted, strict=True))
         return -(step * steps + catching_up)
 
@@ -505,20 +511,36 @@ class GoodputController:
         return statistics.median(self.other) if self.other else 0.0
 
     def horizon(self) -> float:
-        """Steps a row that catches up is expected to draft for, paying its catch-up over them:
-        the median of the spells rows ended lately, within 1..RESUME_HORIZON (that before any).
-        Where drafting is at break-even, rows that start together often stop after a step or
-        two, and a start priced at 1/16 was then paid whole: at batch 8, all eight rows read
-        their prompts for one step's nine tokens (BENCHMARKS §10.15)."""
+        """Steps a row that resumes drafting is expected to draft for, paying its catch-up over
+        them: the median of the spells rows ended lately, within 1..RESUME_HORIZON (that before
+        any); also a start's until a request that drafted has ended (`start_horizon`). Where
+        drafting is at break-even, rows that start together often stop after a step or two, and
+        a start priced at 1/16 was then paid whole: at batch 8, all eight rows read their
+        prompts for one step's nine tokens (BENCHMARKS §10.15)."""
         if not self.spells:
             return float(RESUME_HORIZON)
         return min(max(statistics.median(self.spells), 1.0), float(RESUME_HORIZON))
 
-    def spread_catch_up(self, catch_up: Sequence[float]) -> list[float]:
-        """Rows' catch-up seconds per step when maximising tokens per second: each spread over
-        the horizon (best_plan, and the probes that price a plan as best_plan does)."""
-        horizon = self.horizon()
-        return [seconds / horizon for seconds in catch_up]
+    def start_horizon(self) -> float:
+        """Steps a request that starts drafting is expected to draft on, over all its spells
+        (at least 1; before any request that drafted has ended, `horizon`). A start reads the
+        prompt into the draft model once and serves every later spell, which resumes for a few
+        tokens: priced over one spell, it was charged for each. At concurrency 1 on the AVX2-only
+        CPU, after a request at break-even (spells of 3-4 steps) the next requests' starts
+        (0.8-2.1 s) were charged a third of their cost per step and the requests were decoded
+        plainly, where constant k = 2 paid 20 % (BENCHMARKS §10.20)."""
+        if not self.lifetimes:
+            return self.horizon()
+        return max(statistics.median(self.lifetimes), 1.0)
+
+    def charge(self, policy: GoodputPolicy, whole: bool) -> float:
+        """Seconds a plan that has this row draft now is charged for catching its drafter up:
+        whole when finishing a batch, else per step of what it serves (a start over
+        `start_horizon`, a resume over `horizon`)."""
+        seconds = self.catch_up(policy)
+        if whole or not seconds:
+            return seconds
+        return seconds / (self.horizon() if policy.drafted_ever else self.start_horizon())
 
     def catch_up(self, policy: GoodputPolicy) -> float:
         """Seconds this row's drafter is expected to spend catching up if it drafts now (0 when
@@ -576,9 +598,13 @@ class GoodputController:
         for policy, budget in zip(policies, budgets, strict=True):
             if policy.ended_spell:  # its last request ended while drafting
                 self.spells.append(policy.ended_spell)
+            if policy.ended_drafted_steps:  # its last request drafted
+                self.lifetimes.append(policy.ended_drafted_steps)
             if policy.spell and not budget:  # it stops drafting now
                 self.spells.append(policy.spell)
             policy.ended_spell, policy.spell = 0, policy.spell + 1 if budget else 0
+            policy.ended_drafted_steps = 0
+            policy.drafted_steps += budget > 0
             policy.drafted_ever = policy.drafted_ever or budget > 0
         return budgets
 
@@ -586,7 +612,7 @@ class GoodputController:
         self, forecasts: Sequence[Sequence[float]], catch_up: Sequence[float] | None = None
     ) -> tuple[list[int], float]:
         """The budgets maximising G given each row's forecast a_1..a_cap (and which rows would
-        catch up first, `catch_up` seconds each: 1/horizon of it is added), and the expected
+        catch up first, `catch_up` seconds charged per step each: `charge`), and the expected
         gain a drafted position must bring to pay for itself at that G (G times its marginal
         seconds; drafting stops below it, GoodputPolicy). For every total n the
         best n positions are the first n in marginal_order, so scanning that order (per common
@@ -602,7 +628,7 @@ class GoodputController:
         items = list(marginal_order(forecasts))
         deepest = max(len(f) for f in forecasts)
         extra = [0.0] + [max(self.nodes(k) - self.nodes(k - 1), 0.0) for k in range(1, deepest + 1)]
-        share = self.spread_catch_up(catch_up) if catch_up else [0.0] * rows
+        share = list(catch_up) if catch_up else [0.0] * rows
         orders = [items]  # a catching-up row's first position costs more than its gain says, so
         if any(share):  # plans that leave every catching-up row out are scanned too
             orders.append([item for item in items if not share[item[0]]])
