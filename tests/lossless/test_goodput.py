@@ -99,6 +99,9 @@ class ScriptedPlanner:
     def observe(self, budgets, records, draft_s, verify_s, step_s) -> None:
         assert len(budgets) == len(records) and verify_s > 0 and step_s >= verify_s
 
+    def retire(self, policy) -> None:
+        """Nothing to learn from a request's end."""
+
 
 def count_proposals(engine) -> list[list[int]]:
     """Wrap the drafter's propose to record the budgets it is called with."""

@@ -10,9 +10,10 @@ import pytest
 import torch
 from tiny import save_tiny
 
-from specpilot.api import load_models, make_goodput
+from specpilot.api import build_engine, load_models, make_goodput
 from specpilot.bench.profile import profile_cache_path
 from specpilot.cli import main
+from specpilot.config import GenerationConfig
 from specpilot.errors import ConfigError
 from specpilot.policies.controller import (
     EXPLORE_SAMPLES,
@@ -415,14 +416,13 @@ def test_a_catch_up_is_spread_over_the_spells_rows_keep():
     assert list(c.spells) == [1] and c.horizon() == 1.0
     fresh = [GoodputPolicy(max_k=4) for _ in range(2)]
     assert c.best_plan(forecasts, [c.charge(policy, whole=False) for policy in fresh])[0] == [0, 0]
-    policies[1].reset()  # row 1's request ends two steps into its spell
-    c._remember(policies, [0, 0])
+    c.retire(policies[1])  # row 1's request ends two steps into its spell
+    policies[1].reset()
     assert list(c.spells) == [1, 2] and c.horizon() == 1.5
     for _ in range(40):
         c._remember(policies, [1, 1])
     for policy in policies:
-        policy.reset()
-    c._remember(policies, [0, 0])
+        c.retire(policy)
     assert c.horizon() == RESUME_HORIZON  # median of 1, 2, 40, 40, capped
 
 
@@ -442,8 +442,7 @@ def test_a_start_is_spread_over_the_steps_its_request_drafts_in_all():
             c._remember([first], [budget])
     assert c.horizon() == 3.0 and first.drafted_steps == 37
     assert c.charge(second, whole=False) == pytest.approx(0.817 / 3.0)  # before: one spell's
-    first.reset()
-    c._remember([first], [0])
+    c.retire(first)  # its request ends
     assert list(c.lifetimes) == [37] and c.start_horizon() == 37.0
     assert c.charge(second, whole=False) == pytest.approx(0.817 / 37.0)
     assert c.charge(second, whole=True) == pytest.approx(0.817)
@@ -533,6 +532,24 @@ def test_make_goodput_reads_a_cached_profile(models, tmp_path, monkeypatch):
         make_goodput(models, None, memory="lots")
     with pytest.raises(ConfigError, match="unknown goodput option.*gamma"):
         make_goodput(models, None, gamma=3)
+
+
+def test_ended_requests_report_their_spells_and_drafted_steps(tmp_path):
+    """Each request decodes with its own copy of the row policy, so the engine tells the
+    controller when one ends: the spell it ended in and the steps it drafted on in all."""
+    target = save_tiny(tmp_path / "target", seed=0)
+    draft = save_tiny(tmp_path / "draft", seed=1)
+    models = load_models(str(target), str(draft), "float32", "cpu", 64, batch_size=3)
+    engine = build_engine(models, "model", policy="goodput")
+    retired = []
+    retire = engine.planner.retire
+    engine.planner.retire = lambda policy: retired.append(policy.drafted_steps) or retire(policy)
+    config = GenerationConfig(max_new_tokens=12)
+    engine.generate_batch([[5, 6, 7], [8, 9], [10, 11, 12, 13]], config)
+    assert len(retired) == 3 and any(retired)  # the first steps probe: some row drafted
+    assert list(engine.planner.lifetimes) == [n for n in retired if n]
+    engine.generate([5, 6], config)  # one request alone: the same path
+    assert len(retired) == 4 and list(engine.planner.lifetimes) == [n for n in retired if n]
 
 
 def test_generate_with_goodput_policy(capsys, tmp_path):

@@ -122,6 +122,8 @@ class Scheduler:
                 self.free.append(request.slot)
                 request.slot = None
                 request.stats.total_s = now - request.admitted_at
+            if self.engine.planner is not None and request.policy is not None:
+                self.engine.planner.retire(request.policy)
             request.finish(self.engine.tokenizer)
         return requests
 

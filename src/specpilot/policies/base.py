@@ -98,3 +98,6 @@ class BatchPlanner(Protocol):
     ) -> None:
         """The finished step: the budgets, the rows' records, seconds drafting (and selecting),
         verifying, and in all."""
+
+    def retire(self, policy: DraftPolicy) -> None:
+        """A row's request has ended (`policy`: its own copy, as it ended)."""

@@ -33,7 +33,7 @@ import torch
 
 from specpilot.config import require
 from specpilot.errors import ConfigError
-from specpilot.policies.base import DraftToken
+from specpilot.policies.base import DraftPolicy, DraftToken
 from specpilot.policies.goodput import expected_accepted, marginal_order
 from specpilot.policies.latency import LatencyCurve
 from specpilot.types import StepRecord
@@ -183,12 +183,8 @@ class GoodputPolicy:
     answer's first token: forecast from the controller's opening estimate, not the row's own."""
     spell: int = field(default=0, init=False, repr=False)
     """Steps this row has drafted in a row, up to its last (0: it did not draft on it)."""
-    ended_spell: int = field(default=0, init=False, repr=False)
-    """The spell the row's last request ended in, for the controller to learn from."""
     drafted_steps: int = field(default=0, init=False, repr=False)
     """Steps this request has drafted on, over all its spells."""
-    ended_drafted_steps: int = field(default=0, init=False, repr=False)
-    """drafted_steps of the row's last request, for the controller to learn from."""
 
     @property
     def drafted_last(self) -> bool:
@@ -202,8 +198,7 @@ class GoodputPolicy:
 
     def reset(self) -> None:
         self.acceptance = AcceptanceByPosition(self.memory)
-        self.ended_spell, self.spell = self.spell, 0
-        self.ended_drafted_steps, self.drafted_steps = self.drafted_steps, 0
+        self.spell = self.drafted_steps = 0
         self.drafted_ever = False
         self.opening = True
         self.prepare([], 0.0, None)
@@ -363,6 +358,17 @@ class GoodputController:
 
     def reset(self) -> None:
         """Nothing: the machine and the drafter do not change between requests."""
+
+    def retire(self, policy: DraftPolicy) -> None:
+        """A row's request has ended: the spell it was drafting in ends with it (`horizon`), and
+        the steps it drafted on in all are what a start served (`start_horizon`). Each request
+        decodes with its own copy of the policy, so this is the only place they are seen."""
+        if not isinstance(policy, GoodputPolicy):
+            return
+        if policy.spell:
+            self.spells.append(policy.spell)
+        if policy.drafted_steps:
+            self.lifetimes.append(policy.drafted_steps)
 
     def plan(
         self, policies: Sequence, caps: Sequence[int], remaining: Sequence[int] | None = None
@@ -596,14 +602,9 @@ class GoodputController:
         self.resuming = len(cold) - self.starting
         self.opening_rows = [policy.opening for policy in policies]
         for policy, budget in zip(policies, budgets, strict=True):
-            if policy.ended_spell:  # its last request ended while drafting
-                self.spells.append(policy.ended_spell)
-            if policy.ended_drafted_steps:  # its last request drafted
-                self.lifetimes.append(policy.ended_drafted_steps)
             if policy.spell and not budget:  # it stops drafting now
                 self.spells.append(policy.spell)
-            policy.ended_spell, policy.spell = 0, policy.spell + 1 if budget else 0
-            policy.ended_drafted_steps = 0
+            policy.spell = policy.spell + 1 if budget else 0
             policy.drafted_steps += budget > 0
             policy.drafted_ever = policy.drafted_ever or budget > 0
         return budgets
