@@ -28,3 +28,12 @@ def tiny_head(runner: DecoderRunner, draft_vocab: int | None = None, noise: floa
         for p in head.parameters():
             p.add_(seeded_noise(p, generator) * noise * (p.std() + 1e-3))
     return head.double() if runner.dtype == torch.float64 else head
+
+
+class TinyLoaded:
+    """The tiny target as the head trainers take it (a LoadedModel's runner, tokenizer, name)."""
+
+    def __init__(self, model, max_length: int = 160):
+        self.runner = DecoderRunner(model, max_length=max_length)
+        self.tokenizer = tiny_tokenizer(WORDS)
+        self.name = "tiny"

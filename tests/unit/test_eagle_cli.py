@@ -48,6 +48,7 @@ def trained(target, data_dir, tmp_path_factory):
     argv = ["train-eagle", "--target", str(target), "--out", str(out), "--data-dir", str(data_dir)]
     argv += ["--regenerate", "6", "--reference", "12", "--gen-max-new-tokens", "12"]
     argv += ["--gen-batch-size", "4", "--batch-tokens", "32", "--valid-samples", "3", "--quiet"]
+    argv += ["--feature-cache", str(out.parent / "features")]
     assert main([*argv, *DTYPE]) == 0
     return out, argv
 
@@ -56,6 +57,7 @@ def test_train_then_generate_equals_plain(trained, target, capsys):
     out, argv = trained
     assert len((out / "data" / "responses.jsonl").read_text().splitlines()) == 6
     assert (out / "head" / "eagle_config.json").is_file() and (out / "train_log.csv").is_file()
+    assert list((out.parent / "features").glob("*/*.safetensors"))  # --feature-cache kept them
     prompt = ["--prompt", "w5 w6 w7 w8", "--max-new-tokens", "20", "--json", *DTYPE]
     code, plain, _ = run_cli(capsys, "generate", "--target", target, "--drafter", "none", *prompt)
     assert code == 0

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from eagle_fixtures import WORDS, tiny_target
+from eagle_fixtures import WORDS, TinyLoaded, tiny_target
 from tiny import cpu_training, tiny_tokenizer
 
 from specpilot.drafting.eagle_head import EagleShape
@@ -128,16 +128,9 @@ def test_chain_accepted_length_counts_consecutive_hits():
     assert chain_accepted_length([step1, step2], valid) == pytest.approx((3 + 1 + 2 + 2) / 4)
 
 
-class Loaded:
-    def __init__(self, model):
-        self.runner = DecoderRunner(model, max_length=128)
-        self.tokenizer = tiny_tokenizer(WORDS)
-        self.name = "tiny"
-
-
 @cpu_training
 def test_training_lowers_the_loss_and_resumes(tmp_path):
-    target = Loaded(tiny_target(torch.float32))
+    target = TinyLoaded(tiny_target(torch.float32))
     generator = torch.Generator().manual_seed(0)
     samples = [
         Sample(f"s{i}", [1, 5, 6], torch.randint(4, 96, (20,), generator=generator).tolist())

@@ -11,8 +11,8 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from eagle_fixtures import WORDS, tiny_head, tiny_target
-from tiny import cpu_training, tiny_tokenizer
+from eagle_fixtures import TinyLoaded, tiny_head, tiny_target
+from tiny import cpu_training
 
 from specpilot.config import SamplingConfig
 from specpilot.drafting.eagle import EagleDrafter
@@ -314,13 +314,6 @@ def test_judged_windows_equal_plain_target_forwards(model, reference):
 
 
 # -- training ----------------------------------------------------------------------------------
-class Loaded:
-    def __init__(self, model, max_length=160):
-        self.runner = DecoderRunner(model, max_length=max_length)
-        self.tokenizer = tiny_tokenizer(WORDS)
-        self.name = "tiny"
-
-
 def _samples(count=8, length=24):
     generator = torch.Generator().manual_seed(0)
     return [
@@ -337,7 +330,7 @@ TRAIN = PpowConfig(
 
 @cpu_training
 def test_training_runs_resumes_and_writes_a_loadable_head(tmp_path, monkeypatch):
-    target = Loaded(tiny_target(torch.float32))
+    target = TinyLoaded(tiny_target(torch.float32))
     init = tiny_head(target.runner, draft_vocab=80, noise=0.3)
     samples = _samples()
     head = train_ppow(target, samples, tmp_path / "full", TRAIN, init, progress=False)
@@ -380,7 +373,7 @@ def test_training_runs_resumes_and_writes_a_loadable_head(tmp_path, monkeypatch)
 
 @cpu_training
 def test_measured_gamma_and_bf16_rollouts(tmp_path):
-    target = Loaded(tiny_target(torch.float32))
+    target = TinyLoaded(tiny_target(torch.float32))
     init = tiny_head(target.runner, noise=0.3)
     config = dataclasses.replace(
         TRAIN, updates=1, gamma=None, bf16=True, acceptance="expected", prox_reference="greedy"
@@ -392,7 +385,7 @@ def test_measured_gamma_and_bf16_rollouts(tmp_path):
 
 @cpu_training
 def test_continued_distillation_takes_the_same_number_of_updates(tmp_path):
-    target = Loaded(tiny_target(torch.float32))
+    target = TinyLoaded(tiny_target(torch.float32))
     init = tiny_head(target.runner, draft_vocab=80, noise=0.3)
     config = dataclasses.replace(TRAIN, updates=3)
     head = continued_distillation(

@@ -46,10 +46,12 @@ def test_distillation_baseline(trained, target, tmp_path, capsys):  # noqa: F811
     code, _, err = run_cli(
         capsys, "train-ppow", "--target", target, "--init", eagle_out, "--responses", eagle_out,
         "--out", out, "--baseline", "distill", "--distill-batch-tokens", "16", *SMALL, *DTYPE,
+        "--feature-cache", tmp_path / "features",
     )  # fmt: skip
     assert code == 0, err
     rows = [r for r in (out / "train_log.csv").read_text().splitlines()[1:] if r.split(",")[3]]
     assert len(rows) == 2 and (out / "head" / "eagle_config.json").is_file()
+    assert list((tmp_path / "features").glob("*/*.safetensors"))
 
 
 def test_bad_options_give_one_line_errors(trained, target, tmp_path, capsys):  # noqa: F811

@@ -272,3 +272,17 @@ def add_answer_generation_flags(parser: argparse.ArgumentParser) -> None:
         help="sample the target's answers at this temperature (0: greedy); each prompt has its "
         "own seed, so a resumed run samples the same answers",
     )
+
+
+def add_feature_cache_flag(parser: argparse.ArgumentParser) -> None:
+    """Where the head trainers keep the target's teacher-forced features (training.eagle.
+    feature_cache): one flag for train-eagle and train-ppow."""
+    parser.add_argument(
+        "--feature-cache",
+        metavar="DIR",
+        help="keep the target's features of each training sequence in DIR after its first "
+        "prefill and reuse them in later epochs, evaluations and ADAW passes (the same numbers; "
+        "pays where the CPU has no native bf16 and the prefill is most of an update; disk: "
+        "(taps + 1) x hidden size x the target's dtype bytes per position, 9.2 KB for "
+        "SmolLM2-135M in float32); runs of one target may share DIR",
+    )

@@ -13,7 +13,11 @@ import argparse
 from pathlib import Path
 
 from specpilot.api import DEFAULT_TARGET, load_models
-from specpilot.cli.common import add_answer_generation_flags, dataclass_defaults
+from specpilot.cli.common import (
+    add_answer_generation_flags,
+    add_feature_cache_flag,
+    dataclass_defaults,
+)
 from specpilot.drafting.eagle_head import EagleHead, EagleShape, resolve_head
 from specpilot.errors import ConfigError
 from specpilot.training.eagle.data import DataOptions, collect_samples
@@ -89,6 +93,7 @@ def register(commands) -> None:
         "natively; emulated bf16 is ~9x slower than float32)",
     )
     parser.add_argument("--dtype", default="auto", help="the target's dtype for features")
+    add_feature_cache_flag(parser)
     parser.add_argument("--max-length", type=int, default=2048)
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     parser.set_defaults(run=run)
@@ -138,7 +143,10 @@ def run(args: argparse.Namespace) -> int:
         target, data, args.regenerate, args.reference, out / "data", config.max_seq_tokens,
         progress=not args.quiet,
     )  # fmt: skip
-    train_eagle(target, samples, out, config, shape, progress=not args.quiet, init=init)
+    train_eagle(
+        target, samples, out, config, shape, progress=not args.quiet, init=init,
+        feature_cache=args.feature_cache,
+    )  # fmt: skip
     print(out / "head")
     return 0
 

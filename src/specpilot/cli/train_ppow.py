@@ -13,7 +13,11 @@ import typing
 from pathlib import Path
 
 from specpilot.api import DEFAULT_TARGET, load_models
-from specpilot.cli.common import add_answer_generation_flags, dataclass_defaults
+from specpilot.cli.common import (
+    add_answer_generation_flags,
+    add_feature_cache_flag,
+    dataclass_defaults,
+)
 from specpilot.drafting.eagle_head import EagleHead, EagleShape, resolve_head
 from specpilot.errors import ConfigError
 from specpilot.training.eagle.data import RESPONSES_FILE, DataOptions, collect_samples, read_samples
@@ -137,6 +141,7 @@ def register(commands) -> None:
     add_answer_generation_flags(parser)
     _add_config_flags(parser)
     parser.add_argument("--dtype", default="auto", help="the target's dtype")
+    add_feature_cache_flag(parser)
     parser.add_argument("--max-length", type=int, default=2048)
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     parser.set_defaults(run=run)
@@ -204,10 +209,13 @@ def run(args: argparse.Namespace) -> int:
     )  # fmt: skip
     if args.baseline == "distill":
         continued_distillation(
-            target, samples, out, config, init, args.distill_batch_tokens, not args.quiet
-        )
+            target, samples, out, config, init, args.distill_batch_tokens, not args.quiet,
+            args.feature_cache,
+        )  # fmt: skip
     else:
-        train_ppow(target, samples, out, config, init, progress=not args.quiet)
+        train_ppow(
+            target, samples, out, config, init, not args.quiet, args.feature_cache
+        )  # fmt: skip
     print(out / "head")
     return 0
 

@@ -2,9 +2,10 @@
 
 One teacher-forced prefill of the target per sequence gives, at every position, the hidden
 states at the head's feature layers (its input) and the target's logits over the draft
-vocabulary (its soft labels). They are recomputed each epoch rather than cached: for the 1.5B
-target a position's taps and final hidden state take 12 KB in bf16 (1.2 GB per 100k tokens),
-while the prefill costs less than the head's own forward and backward (README, train-eagle).
+vocabulary (its soft labels). By default they are recomputed each time: for the 1.5B target a
+position's taps and final hidden state take 12 KB in bf16 (1.2 GB per 100k tokens). With a
+`FeatureCache` (feature_cache.py) each sequence is prefilled once, which pays where the prefill
+is a large share of an update (float32 CPUs; README, train-eagle).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch.nn.functional as F
 
 from specpilot.errors import ConfigError
 from specpilot.training.eagle.data import Sample
+from specpilot.training.eagle.feature_cache import FeatureCache
 
 
 def require_cpu_target(runner) -> None:
@@ -51,18 +53,30 @@ def sequence_features(
     feature_layers: tuple[int, ...],
     draft_head_rows: torch.Tensor,
     keep_cache: bool = False,
+    cache: FeatureCache | None = None,
 ) -> SequenceFeatures:
     """Teacher-forced target prefill of one sample (cache slot 0, reset first; `keep_cache`:
-    leave the sample in the cache, for forwards that continue from its prefixes)."""
+    leave the sample in the KV cache, for forwards that continue from its prefixes), or its
+    taps and hidden states from `cache` (stored there on first use; not with `keep_cache`,
+    which needs the prefill itself)."""
     ids = sample.token_ids
     n = len(ids) - 1
+    cache = None if keep_cache else cache
     with torch.inference_mode():  # the runner's tensors; cloned below into autograd-safe ones
-        runner.reset()
-        out = runner.run(ids, tap_layers=feature_layers, logits="none")
-        taps = torch.cat([out.taps[k][:n] for k in feature_layers], dim=-1).float()
-        target_logits = runner.logits_from_hidden(out.hidden[1:], draft_head_rows)
+        stored = cache.load(ids) if cache is not None else None
+        if stored is None:
+            runner.reset()
+            out = runner.run(ids, tap_layers=feature_layers, logits="none")
+            taps = torch.cat([out.taps[k][:n] for k in feature_layers], dim=-1)
+            hidden = out.hidden[1:]
+            if cache is not None:
+                cache.store(ids, taps, hidden)
+        else:
+            taps, hidden = stored
+        target_logits = runner.logits_from_hidden(hidden, draft_head_rows)
         embeds = F.embedding(torch.tensor(ids[1:]), runner.embed).float()
-        if not keep_cache:
+        taps = taps.float()
+        if stored is None and not keep_cache:
             runner.reset()
     # Position t predicts token t + 2: score it when that token is part of the response.
     positions = torch.arange(n)

@@ -30,6 +30,7 @@ from specpilot.drafting.eagle_head import EagleHead, EagleShape
 from specpilot.errors import ConfigError
 from specpilot.models.loading import cpu_autocast
 from specpilot.training.eagle.data import Sample
+from specpilot.training.eagle.feature_cache import FeatureCache
 from specpilot.training.eagle.features import require_cpu_target, sequence_features
 from specpilot.training.eagle.losses import chain_accepted_length, unrolled_losses
 
@@ -139,10 +140,12 @@ def train_eagle(
     shape: EagleShape,
     progress: bool = True,
     init: EagleHead | None = None,
+    feature_cache: str | Path | None = None,
 ) -> EagleHead:
     """Train (or resume) a head for the loaded `target` (a LoadedModel on the lean decoder).
     `init`: continue training this head (continued distillation) instead of starting from the
-    target's top layer."""
+    target's top layer; `feature_cache`: a folder that keeps the target's features of each
+    sequence after its first prefill (feature_cache.py)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     runner = target.runner
@@ -159,6 +162,9 @@ def train_eagle(
     if config.max_updates is not None:
         total_updates = min(total_updates, config.max_updates)
     target_rows = runner.lm_head[head.draft_ids].contiguous()
+    cache = (
+        None if feature_cache is None else FeatureCache(feature_cache, runner, shape.feature_layers)
+    )
     log = CsvLog(out / LOG_FILE, LOG_COLUMNS, state["update"])
     bar = tqdm(
         total=total_updates, initial=state["update"], disable=not progress, unit="update",
@@ -175,7 +181,7 @@ def train_eagle(
         while index < len(order) and update < total_updates:
             sample = train[order[index]]
             index += 1
-            result = sequence_loss(head, runner, sample, shape, config, target_rows)
+            result = sequence_loss(head, runner, sample, shape, config, target_rows, cache)
             count = int(result.valid[0].sum())
             if count == 0:
                 continue
@@ -195,7 +201,7 @@ def train_eagle(
             row |= sums.means()
             row["seconds"] = time.perf_counter() - started
             if update % config.eval_every == 0 and valid:
-                row |= evaluate(head, runner, valid, shape, config, target_rows)
+                row |= evaluate(head, runner, valid, shape, config, target_rows, cache)
                 head.train()
             log.write(row)
             bar.update(1)
@@ -210,7 +216,7 @@ def train_eagle(
     seconds = time.perf_counter() - started
     _save(out, head, optimizer, config, update, epoch, index, seconds, sums)
     final = {"update": update, "epoch": epoch, "tokens": sums.tokens_seen, "seconds": seconds}
-    final |= evaluate(head, runner, valid, shape, config, target_rows) if valid else {}
+    final |= evaluate(head, runner, valid, shape, config, target_rows, cache) if valid else {}
     log.write(final)
     head.save(out / HEAD_DIR)
     plot_learning_curve(out / LOG_FILE, out / CURVE_FILE)
@@ -233,11 +239,11 @@ def count_updates(train: list[Sample], config: EagleTrainConfig) -> int:
     return updates
 
 
-def sequence_loss(head, runner, sample, shape, config, target_rows, diagnostics=False):
-    """The target's features for one sample (a prefill), then the head's unrolled loss on them
-    (matrix products in bf16 autocast as `config.bf16` says); `diagnostics` as
+def sequence_loss(head, runner, sample, shape, config, target_rows, cache=None, diagnostics=False):
+    """The target's features for one sample (a prefill, or `cache`'s), then the head's unrolled
+    loss on them (matrix products in bf16 autocast as `config.bf16` says); `diagnostics` as
     unrolled_losses'."""
-    feats = sequence_features(runner, sample, shape.feature_layers, target_rows)
+    feats = sequence_features(runner, sample, shape.feature_layers, target_rows, cache=cache)
     with cpu_autocast(config.bf16):
         return unrolled_losses(
             head, feats.taps, feats.embeds, feats.target_logits, feats.loss_mask,
@@ -246,14 +252,16 @@ def sequence_loss(head, runner, sample, shape, config, target_rows, diagnostics=
 
 
 @torch.inference_mode()
-def evaluate(head, runner, valid, shape, config, target_rows) -> dict:
+def evaluate(head, runner, valid, shape, config, target_rows, cache=None) -> dict:
     """Held-out first-token agreement (step 1), teacher-forced chain accepted length, and at
     step 1 the head's entropy in nats and its overlap Σ min(p, q) with the target at T = 1 (RL
     fine-tuning may sharpen a head that sampled trees rely on, BENCHMARKS §12.2)."""
     head.eval()
     hits, count, entropy, overlap, taus = 0, 0, 0.0, 0.0, []
     for sample in valid:
-        result = sequence_loss(head, runner, sample, shape, config, target_rows, diagnostics=True)
+        result = sequence_loss(
+            head, runner, sample, shape, config, target_rows, cache, diagnostics=True
+        )
         n = int(result.valid[0].sum())
         if n:
             hits += int(result.correct[0].sum())

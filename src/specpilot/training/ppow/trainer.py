@@ -30,6 +30,7 @@ from specpilot.drafting.eagle_head import EagleHead
 from specpilot.errors import ConfigError
 from specpilot.models.loading import cpu_autocast
 from specpilot.training.eagle.data import Sample
+from specpilot.training.eagle.feature_cache import FeatureCache
 from specpilot.training.eagle.features import (
     SequenceFeatures,
     require_cpu_target,
@@ -80,8 +81,11 @@ def train_ppow(
     config: PpowConfig,
     init: EagleHead,
     progress: bool = True,
+    feature_cache: str | Path | None = None,
 ) -> EagleHead:
-    """Fine-tune (or resume fine-tuning) `init` for the loaded `target` with PPOW."""
+    """Fine-tune (or resume fine-tuning) `init` for the loaded `target` with PPOW
+    (`feature_cache`: a folder that keeps the target's features of whole sequences for ADAW's
+    scoring and the evaluations; rollouts prefill their prefixes, whose KV cache they need)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     runner = target.runner
@@ -106,9 +110,10 @@ def train_ppow(
         optimizer.load_state_dict(state["optimizer"])
     target_rows = runner.lm_head[head.draft_ids].contiguous()
     layers = head.shape.feature_layers
+    cache = None if feature_cache is None else FeatureCache(feature_cache, runner, layers)
 
     def features(sample: Sample, keep_cache: bool = False):
-        return sequence_features(runner, sample, layers, target_rows, keep_cache)
+        return sequence_features(runner, sample, layers, target_rows, keep_cache, cache)
 
     log = CsvLog(out / LOG_FILE, LOG_COLUMNS, state["update"])
     bar = tqdm(
@@ -118,7 +123,8 @@ def train_ppow(
     started = time.perf_counter() - state["seconds"]
     pool = state["pool"]
     if state["update"] == 0 and valid:  # the initial head's held-out metrics, for comparison
-        log.write({"update": 0} | evaluate(head, runner, valid, head.shape, EVAL, target_rows))
+        scores = evaluate(head, runner, valid, head.shape, EVAL, target_rows, cache)
+        log.write({"update": 0} | scores)
         head.train()
     for update in range(state["update"], config.updates):
         if adaw.refresh_due(update, config):
@@ -142,7 +148,7 @@ def train_ppow(
         row |= {"update": update + 1, "hard_frac": fraction, "lr": lr}
         row["seconds"] = time.perf_counter() - started
         if (update + 1) % config.eval_every == 0 and valid:
-            row |= evaluate(head, runner, valid, head.shape, EVAL, target_rows)
+            row |= evaluate(head, runner, valid, head.shape, EVAL, target_rows, cache)
             head.train()
         log.write(row)
         bar.update(1)
@@ -334,6 +340,7 @@ def continued_distillation(
     init: EagleHead,
     batch_tokens: int,
     progress: bool = True,
+    feature_cache: str | Path | None = None,
 ) -> EagleHead:
     """The baseline PPOW is compared with (its §5.4): the eagle trainer's objective, continued
     from the same head on the same samples for the same number of updates and learning rate."""
@@ -354,7 +361,9 @@ def continued_distillation(
         max_updates=config.updates,
         bf16=config.bf16,
     )
-    return train_eagle(target, samples, out, eagle, init.shape, progress, init=init)
+    return train_eagle(
+        target, samples, out, eagle, init.shape, progress, init=init, feature_cache=feature_cache
+    )
 
 
 def plot_curves(log: Path, png: Path, config: PpowConfig) -> None:

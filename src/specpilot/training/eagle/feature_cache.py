@@ -1,0 +1,80 @@
+"""The target's teacher-forced features of training sequences, kept on disk (`--feature-cache`).
+
+A head trains for several epochs over the same sequences and is evaluated on the same held-out
+ones every few updates, and PPOW's ADAW rescores every sequence at each refresh; the target is
+frozen, so its taps and last hidden states at every position are the same each time. On a CPU
+without native bf16 (float32) the prefill that recomputes them took 59 % of a distillation update
+for SmolLM2-135M (README, train-eagle). Each sequence's features are stored once, exactly as the
+runner produced them (its dtype), so a cached run trains on the same numbers as one without.
+
+Entries are addressed by content: a folder per target identity (architecture, dtype, tap layers
+and a fingerprint of its weights) holding one safetensors file per token sequence, named by a
+hash of its ids. Another target, dtype or tap choice therefore never reads them, and a cut or
+changed sample is simply another entry. Files are written atomically (temp file, rename); an
+unreadable or mis-shaped one is recomputed and replaced.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+
+class FeatureCache:
+    """Taps and last hidden states of token sequences for one target and one set of tap layers."""
+
+    def __init__(self, folder: str | Path, runner, feature_layers: tuple[int, ...]):
+        self.folder = Path(folder).expanduser() / target_identity(runner, feature_layers)
+        self.folder.mkdir(parents=True, exist_ok=True)
+
+    def _path(self, ids: list[int]) -> Path:
+        digest = hashlib.sha256(torch.tensor(ids, dtype=torch.int64).numpy().tobytes())
+        return self.folder / f"{digest.hexdigest()[:40]}.safetensors"
+
+    def load(self, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(taps [n, layers · h], hidden [n, h]) of `ids` (n = len(ids) − 1), None if absent or
+        unreadable."""
+        path = self._path(ids)
+        if not path.is_file():
+            return None
+        try:
+            stored = load_file(path)
+        except (SafetensorError, OSError, ValueError):
+            return None
+        taps, hidden = stored.get("taps"), stored.get("hidden")
+        n = len(ids) - 1
+        if taps is None or hidden is None or taps.shape[0] != n or hidden.shape[0] != n:
+            return None
+        return taps, hidden
+
+    def store(self, ids: list[int], taps: torch.Tensor, hidden: torch.Tensor) -> None:
+        path = self._path(ids)
+        tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+        save_file({"taps": taps.contiguous(), "hidden": hidden.contiguous()}, tmp)
+        os.replace(tmp, path)
+
+
+def target_identity(runner, feature_layers: tuple[int, ...]) -> str:
+    """A folder name that changes with anything that changes the features: the architecture, the
+    dtype, the tap layers, and the weights (a fingerprint of the embedding's first rows, the final
+    norm and the last layer's output projection)."""
+    fingerprint = hashlib.sha256()
+    for tensor in (runner.embed[:16], runner.final_norm, runner.layers[-1].o[:16]):
+        fingerprint.update(tensor.detach().float().cpu().numpy().tobytes())
+    described = {
+        "model_type": runner.config.model_type,
+        "hidden_size": runner.config.hidden_size,
+        "num_layers": runner.num_layers,
+        "vocab_size": runner.vocab_size,
+        "dtype": str(runner.dtype),
+        "feature_layers": [int(k) for k in feature_layers],
+        "weights": fingerprint.hexdigest(),
+    }
+    digest = hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()
+    return f"{runner.config.model_type}-{str(runner.dtype).removeprefix('torch.')}-{digest[:16]}"
