@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from specpilot.engine import SpeculativeEngine
 from specpilot.errors import ConfigError
 from specpilot.models import LoadedModel, check_same_tokenizer, load_model
@@ -53,17 +55,32 @@ def load_models(
     return ModelPair(target_model, draft_model)
 
 
-def default_policy(drafter: str, fixed_length: bool = False) -> str:
+def default_policy(
+    drafter: str,
+    fixed_length: bool = False,
+    dtype: torch.dtype | None = None,
+    batch: int = 1,
+) -> str:
     """The policy a method runs when none is named. For the draft model, the goodput controller:
     it drafts only where this machine's measured latency and the rows' acceptance say it pays
     (greedy bf16: within 2 % of the best of plain decoding and constant k at every batch size
-    1-32, where constant k lost up to 32 %; BENCHMARKS §10.13). Constant where the caller asks
-    for a `fixed_length` (a `k`, or a verify policy of its own) and for the other drafters,
-    whose default depths were measured constant (the eagle tree, prompt lookup, DVI) and are
-    not yet measured under the controller."""
-    if drafter != "model" or fixed_length:
+    1-32, where constant k lost up to 32 %; BENCHMARKS §10.13). For the eagle tree, decoding one
+    sequence at a time with a target computing in float32 on the CPU (`dtype`: the target's, None
+    where it is not on the CPU), `tree-goodput`: a float32 verify of the default tree's 9 tokens
+    costs ~1.5 plain steps, and the constant 8-node tree ran at 1.04x plain decoding (1.5B) and
+    0.79x (SmolLM2) where sizing each step's tree on the measured curve ran at 1.52x and 1.01x
+    (BENCHMARKS §8.9, §8.10); it learns a one-sequence curve, so batches keep the constant tree.
+    Constant where the caller asks for a `fixed_length` (a `k`, or a verify policy of its own),
+    for bf16 eagle trees (measured best constant, §8.7) and for the other drafters, whose default
+    depths were measured constant (prompt lookup, DVI) and are not yet measured under the
+    controller."""
+    if fixed_length:
         return "constant"
-    return "goodput"
+    if drafter == "model":
+        return "goodput"
+    if drafter == "eagle" and dtype == torch.float32 and batch == 1:
+        return "tree-goodput"
+    return "constant"
 
 
 def build_engine(
@@ -83,7 +100,13 @@ def build_engine(
     with the goodput controller (options: see make_goodput)."""
     target = models.target
     if policy is None:
-        policy = default_policy(drafter, "k" in policy_options or verify_policy is not None)
+        runner = target.runner
+        policy = default_policy(
+            drafter,
+            "k" in policy_options or verify_policy is not None,
+            runner.dtype if torch.device(runner.device).type == "cpu" else None,
+            runner.batch_size,
+        )
     if policy in ("sv", "goodput") and verify_policy is not None:
         raise ConfigError(f"policy {policy!r} brings its own verify policy; pass no verify_policy")
     if policy == "sv":

@@ -129,9 +129,9 @@ def test_build_engine_takes_a_ready_verify_policy(models):
 
 
 def test_without_a_policy_the_goodput_controller_decides(tmp_path, models):
-    """The default policy is goodput for the draft model, constant where a fixed draft length
-    is asked for and for the other drafters (api.default_policy); the CLI resolves a missing
-    --policy the same way."""
+    """The default policy is goodput for the draft model, tree-goodput for eagle trees decoding
+    one sequence in float32 on the CPU, constant where a fixed draft length is asked for and for
+    the other drafters (api.default_policy); the CLI resolves a missing --policy the same way."""
     draft = save_tiny(tmp_path / "draft", seed=1)
     pair = load_models(models.target.path, str(draft), "float32", "cpu", 64)
     assert isinstance(build_engine(pair).planner, GoodputController)
@@ -148,11 +148,17 @@ def test_without_a_policy_the_goodput_controller_decides(tmp_path, models):
     parser = argparse.ArgumentParser()
     add_model_arguments(parser, max_new_tokens=8)
     add_method_arguments(parser)
-    for argv, policy in [
-        ([], "goodput"),
-        (["--k", "2"], "constant"),
-        (["--drafter", "ngram"], "constant"),
+    eagle = ["--drafter", "eagle", "--dtype"]
+    for argv, batch, policy in [
+        ([], 1, "goodput"),
+        (["--k", "2"], 1, "constant"),
+        (["--drafter", "ngram"], 1, "constant"),
+        ([*eagle, "float32"], 1, "tree-goodput"),
+        ([*eagle, "float32", "--k", "3"], 1, "constant"),
+        ([*eagle, "float32"], 4, "constant"),
+        ([*eagle, "bfloat16"], 1, "constant"),
+        ([*eagle, "float32", "--device", "cuda"], 1, "constant"),
     ]:
         args = parser.parse_args(argv)
-        engine_builder(args)
-        assert args.policy == policy
+        engine_builder(args, batch=batch)
+        assert args.policy == policy, argv

@@ -11,7 +11,10 @@ import pytest
 from test_dvi_cli import assert_one_line_error, run_cli
 from tiny import save_tiny
 
+from specpilot.api import build_engine, load_models
 from specpilot.cli import main
+from specpilot.policies import ConstantPolicy
+from specpilot.policies.tree_goodput import TreeGoodputPolicy
 
 DTYPE = ["--dtype", "float32", "--max-length", "128"]
 
@@ -61,7 +64,8 @@ def test_train_then_generate_equals_plain(trained, target, capsys):
     prompt = ["--prompt", "w5 w6 w7 w8", "--max-new-tokens", "20", "--json", *DTYPE]
     code, plain, _ = run_cli(capsys, "generate", "--target", target, "--drafter", "none", *prompt)
     assert code == 0
-    for extra in ([], ["--tree-topk", "1"], ["--eagle-lookup", "4"], ["--policy", "tree-goodput"]):
+    # float32 on the CPU at batch 1: the default policy is tree-goodput (api.default_policy).
+    for extra in ([], ["--policy", "constant"], ["--tree-topk", "1"], ["--eagle-lookup", "4"]):
         code, text, err = run_cli(
             capsys, "generate", "--target", target, "--drafter", "eagle", "--eagle-head", out,
             *extra, *prompt,
@@ -71,6 +75,17 @@ def test_train_then_generate_equals_plain(trained, target, capsys):
     # Re-running the same command resumes: no prompt is answered twice.
     assert main([*argv, *DTYPE]) == 0
     assert len((out / "data" / "responses.jsonl").read_text().splitlines()) == 6
+
+
+def test_the_api_sizes_float32_trees_by_goodput_at_batch_1(trained, target):
+    """build_engine's default policy for eagle follows the loaded target (api.default_policy):
+    tree-goodput for one sequence in float32 on the CPU, the constant tree for batches."""
+    out, _ = trained
+    for batch, policy in ((1, TreeGoodputPolicy), (2, ConstantPolicy)):
+        pair = load_models(str(target), None, "float32", "cpu", 128, batch)
+        engine = build_engine(pair, "eagle", drafter_options={"head": str(out)})
+        assert isinstance(engine.draft_policy, policy)
+    assert engine.draft_policy.k == engine.drafter.depth
 
 
 def test_bad_heads_give_one_line_errors(trained, target, tmp_path, capsys):

@@ -100,6 +100,9 @@ def test_only_tree_drafters_are_accepted():
     policy = TreeGoodputPolicy(depth=5)
     assert policy.drafter_options("eagle", {}) == {"depth": 5}
     assert policy.drafter_options("eagle", {"depth": 3}) == {"depth": 3}
+    assert policy.draft_budget() == 3  # the drafter's given depth is not capped by the budget
+    with pytest.raises(ConfigError, match="depth"):
+        policy.drafter_options("eagle", {"depth": 0})
     assert policy.drafter_options("model", {"nodes": 4}) == {"nodes": 4}
     with pytest.raises(ConfigError, match="tree-goodput"):
         policy.drafter_options("ngram", {})

@@ -198,12 +198,15 @@ def policy_options(args: argparse.Namespace) -> dict[str, str]:
     return options
 
 
-def engine_builder(args: argparse.Namespace, learn: bool = False):
+def engine_builder(args: argparse.Namespace, learn: bool = False, batch: int = 1):
     """Check the method flags (drafter, policy and their options) before any model is loaded;
     return the draft model to load (None when the drafter needs none) and `build(models)`,
-    which makes the engine. No --policy: api.default_policy's choice."""
+    which makes the engine for `batch` sequences at a time. No --policy: api.default_policy's
+    choice for the target's dtype (as --dtype and --device resolve it) and `batch`."""
     if args.policy is None:
-        args.policy = default_policy(args.drafter, fixed_length=args.k is not None)
+        on_cpu = str(args.device).split(":")[0] == "cpu"
+        dtype = resolve_dtype(args.dtype, "cpu") if on_cpu else None
+        args.policy = default_policy(args.drafter, args.k is not None, dtype, batch)
     options = policy_options(args)
     if args.policy in ("sv", "goodput"):  # built with the models; validate before loading
         from specpilot.policies.sv import read_sv_profile

@@ -44,7 +44,8 @@ def register(commands) -> None:
 
 def run(args: argparse.Namespace) -> int:
     config = generation_config(args, tuple(args.stop))
-    draft, build = engine_builder(args, learn=args.learn)
+    size = batch_size(args.batch_size)
+    draft, build = engine_builder(args, learn=args.learn, batch=size)
     if args.prompts_file:
         records = read_prompts_file(args.prompts_file)
     elif args.prompt is not None:
@@ -53,7 +54,6 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("give --prompt TEXT or --prompts-file FILE.jsonl")
     if args.dvi_save and not args.learn:
         raise ConfigError("--dvi-save saves the head that --learn trains: add --learn")
-    size = batch_size(args.batch_size)
     models = load_from_args(args, draft, size)
     engine = build(models)
     for first in range(0, len(records), size):

@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         args.draft = args.draft or DEFAULT_DRAFT
         size = batch_size(args.max_batch)
-        draft, build = engine_builder(args)
+        draft, build = engine_builder(args, batch=size)
         backend = build(load_from_args(args, draft, size))
     name = args.model_name or args.target
     app = create_app(backend, name, defaults, args.max_queue)

@@ -99,7 +99,12 @@ class TreeGoodputPolicy:
             f"--policy tree-goodput sizes dynamic trees: use --drafter eagle or model, "
             f"not {drafter!r}",
         )
-        return {"depth": self.depth, **given} if drafter == "eagle" else given
+        if drafter != "eagle":
+            return given
+        if "depth" in given:  # --tree-depth: the levels drafted, which the budget must not cap
+            self.depth = int(given["depth"])
+            self.__post_init__()
+        return {**given, "depth": self.depth}
 
     # -- DraftPolicy --------------------------------------------------------------------------
     def reset(self) -> None:
