@@ -12,7 +12,8 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from dataclasses import asdict, dataclass
+from contextlib import AsyncExitStack
+from dataclasses import asdict, dataclass, replace
 from urllib.parse import urlsplit
 
 import httpx
@@ -128,17 +129,9 @@ async def run_level(
     async def user() -> None:
         nonlocal sent
         while sent < settings.requests:
-            prompt = prompts[sent % len(prompts)]
+            index = sent
             sent += 1
-            body = {
-                "model": model,
-                "messages": [{"role": "user", "content": prompt}],
-                "max_tokens": settings.max_tokens,
-                "temperature": settings.temperature,
-                "seed": sent,
-                "stream": True,
-                "stream_options": {"include_usage": True},
-            }
+            body = request_body(settings, model, prompts, index)
             timings.append(await one_request(client, body))
 
     start = time.perf_counter()
@@ -149,6 +142,70 @@ async def run_level(
     except TimeoutError:
         timed_out = True
     return summarize(concurrency, timings, time.perf_counter() - start, timed_out)
+
+
+def request_body(settings: LoadSettings, model: str, prompts: list[str], index: int) -> dict:
+    """The level's request number `index` (0-based): its prompt, in turn, and seed index + 1."""
+    return {
+        "model": model,
+        "messages": [{"role": "user", "content": prompts[index % len(prompts)]}],
+        "max_tokens": settings.max_tokens,
+        "temperature": settings.temperature,
+        "seed": index + 1,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+
+
+async def run_level_in_turns(
+    clients: list[httpx.AsyncClient],
+    settings: LoadSettings,
+    models: list[str],
+    prompts: list[str],
+    concurrency: int,
+) -> tuple[list[dict], list[list[float]]]:
+    """One level on several servers in turns: each round sends the same `concurrency` requests
+    to one server at a time (all at once, waiting for them all), the servers' order rotating
+    from round to round; (each server's summary, each round's tokens per second per server).
+    A host whose speed drifts slows every server of a round alike, so per-round ratios compare
+    servers where whole-level runs, minutes apart, may not."""
+    count = len(clients)
+    timings: list[list[Timing]] = [[] for _ in clients]
+    seconds = [0.0] * count
+    rounds: list[list[float]] = []
+    timed_out = False
+    try:
+        async with asyncio.timeout(settings.timeout_s):
+            for first in range(0, settings.requests, concurrency):
+                indices = range(first, min(first + concurrency, settings.requests))
+                turn = len(rounds) % count
+                rates = [0.0] * count
+                for server in [*range(turn, count), *range(turn)]:
+                    start = time.perf_counter()
+                    bodies = [request_body(settings, models[server], prompts, i) for i in indices]
+                    done = await asyncio.gather(
+                        *(one_request(clients[server], body) for body in bodies)
+                    )
+                    elapsed = time.perf_counter() - start
+                    timings[server].extend(done)
+                    seconds[server] += elapsed
+                    rates[server] = sum(t.tokens for t in done if t.ok) / elapsed
+                rounds.append(rates)
+    except TimeoutError:
+        timed_out = True
+    summaries = [summarize(concurrency, timings[s], seconds[s], timed_out) for s in range(count)]
+    return summaries, rounds
+
+
+def paired_ratios(rounds: list[list[float]]) -> list[dict]:
+    """Each server after the first against the first, per round: the median ratio of tokens
+    per second (rounds where the first produced nothing are left out), and the ratios."""
+    paired = []
+    for server in range(1, len(rounds[0]) if rounds else 1):
+        ratios = [r[server] / r[0] for r in rounds if r[0] > 0]
+        median = float(np.median(ratios)) if ratios else None
+        paired.append({"server": server, "median_ratio": median, "ratios": ratios})
+    return paired
 
 
 def _percentiles(values: list[float], prefix: str) -> dict:
@@ -185,6 +242,47 @@ def summarize(concurrency: int, timings: list[Timing], duration_s: float, timed_
     }
 
 
+async def run_load_in_turns(
+    urls: list[str], settings: LoadSettings, prompts: list[str] | None = None, progress=None
+) -> dict:
+    """Every concurrency level on every server of `urls`, in turns (run_level_in_turns). The
+    report: {"config", "machine", "servers": [{"url", "model", "levels"}], "paired":
+    [{"concurrency", "server", "median_ratio", "ratios"}]} (paired: each server's tokens per
+    second over the first's, per round). `progress(url, level_summary)` follows each level."""
+    checked = [replace(settings, url=url) for url in urls]  # each URL validated
+    prompts = list(prompts or DEFAULT_PROMPTS)
+    limits = httpx.Limits(max_connections=max(settings.concurrency))
+    timeout = httpx.Timeout(settings.timeout_s)
+    async with AsyncExitStack() as stack:
+        clients = [
+            await stack.enter_async_context(
+                httpx.AsyncClient(base_url=s.url, timeout=timeout, limits=limits)
+            )
+            for s in checked
+        ]
+        models = [settings.model or await _first_model(client) for client in clients]
+        servers = [
+            {"url": url, "model": m, "levels": []} for url, m in zip(urls, models, strict=True)
+        ]
+        paired = []
+        for concurrency in settings.concurrency:
+            summaries, rounds = await run_level_in_turns(
+                clients, settings, models, prompts, concurrency
+            )
+            for server, summary in zip(servers, summaries, strict=True):
+                server["levels"].append(summary)
+                if progress is not None:
+                    progress(server["url"], summary)
+            paired += [{"concurrency": concurrency} | p for p in paired_ratios(rounds)]
+    config = asdict(settings) | {"url": list(urls)}
+    return {"config": config, "machine": machine_info(), "servers": servers, "paired": paired}
+
+
+async def _first_model(client: httpx.AsyncClient) -> str:
+    listed = (await client.get("/v1/models")).raise_for_status().json()
+    return listed["data"][0]["id"]
+
+
 async def run_load(settings: LoadSettings, prompts: list[str] | None = None, progress=None):
     """Every concurrency level in turn; the report ({"config", "machine", "model", "levels"};
     the machine is the client's, which is the server's: the URL is loopback only).
@@ -193,10 +291,7 @@ async def run_load(settings: LoadSettings, prompts: list[str] | None = None, pro
     limits = httpx.Limits(max_connections=max(settings.concurrency))
     timeout = httpx.Timeout(settings.timeout_s)
     async with httpx.AsyncClient(base_url=settings.url, timeout=timeout, limits=limits) as client:
-        model = settings.model
-        if model is None:
-            listed = (await client.get("/v1/models")).raise_for_status().json()
-            model = listed["data"][0]["id"]
+        model = settings.model or await _first_model(client)
         levels = []
         for concurrency in settings.concurrency:
             levels.append(await run_level(client, settings, model, prompts, concurrency))
