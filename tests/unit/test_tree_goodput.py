@@ -106,3 +106,45 @@ def test_only_tree_drafters_are_accepted():
     assert policy.drafter_options("model", {"nodes": 4}) == {"nodes": 4}
     with pytest.raises(ConfigError, match="tree-goodput"):
         policy.drafter_options("ngram", {})
+
+
+def run_steps(policy: TreeGoodputPolicy, accepted, draft_s: float, steps: int = 60) -> list[int]:
+    """Depths `policy` drafts over `steps` steps of a head whose step of d levels accepts
+    accepted(d) and costs draft_s · d, on a curve T(n) = 0.1 + 0.001 n."""
+    depths = []
+    for _ in range(steps):
+        depth = policy.draft_budget()
+        tree = DynamicTree(topk=4, nodes=8)
+        probs = torch.tensor([[0.6, 0.2, 0.1, 0.1] + [0.0] * 4]).clamp_min(1e-9).log()
+        for level in range(depth):
+            tree.expand(probs if level == 0 else probs.expand(4, -1))
+        size = policy.tree_size(tree, 100)
+        depths.append(depth)
+        policy.observe(
+            StepRecord(
+                num_drafted=depth,
+                num_verified=depth,
+                num_accepted=accepted(depth),
+                num_emitted=accepted(depth) + 1,
+                draft_s=draft_s * depth,
+                verify_s=0.1 + 0.001 * (size + 1),
+                context_len=100,
+                num_nodes=size,
+            )  # fmt: skip
+        )
+    return depths
+
+
+def test_the_depth_follows_what_deeper_levels_bring_and_cost():
+    """A head whose levels past the first are never accepted drafts one level once the opening
+    steps have measured it, except the periodic full-depth probes; one whose every level is
+    accepted keeps the full depth; adapt_depth=False always drafts `depth`."""
+    shallow = run_steps(TreeGoodputPolicy(depth=3, probe_every=8), lambda d: 1, draft_s=0.01)
+    assert shallow[:8] == [3] * 8
+    later = shallow[8:]
+    assert later.count(1) >= len(later) - len(later) // 8 - 1
+    assert all(d in (1, 3) for d in later) and 3 in later  # the probes keep level 3 measured
+    deep = run_steps(TreeGoodputPolicy(depth=3, probe_every=8), lambda d: d, draft_s=0.01)
+    assert deep[8:].count(3) == len(deep) - 8
+    fixed = run_steps(TreeGoodputPolicy(depth=3, adapt_depth=False), lambda d: 1, draft_s=0.01)
+    assert set(fixed) == {3}

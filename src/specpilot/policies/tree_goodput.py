@@ -28,7 +28,7 @@ from __future__ import annotations
 import copy
 import math
 import statistics
-from collections import deque
+from collections import defaultdict, deque
 from dataclasses import dataclass, field
 
 import torch
@@ -43,12 +43,23 @@ CALIBRATION_PRIOR = 4.0
 """Pseudo-steps at r = 1 (the draft's confidence taken at its word) before steps count."""
 
 
+DEPTH_WINDOW = 64
+"""Recent steps whose accepted lengths estimate what each depth would accept."""
+OPENING_STEPS = 8
+"""Steps at the full depth before the depth adapts (the size sweep runs within them)."""
+
+
 class _Measurements:
     """What the policy learns about the machine and the head, shared by every request's copy."""
 
     def __init__(self, window: int, memory: float) -> None:
         self.verify = LatencyCurve(window=window)
-        self.draft: deque[float] = deque(maxlen=window)
+        self.draft: dict[int, deque[float]] = defaultdict(lambda: deque(maxlen=window))
+        """Draft seconds of recent steps, per depth drafted."""
+        self.nodes: dict[int, deque[int]] = defaultdict(lambda: deque(maxlen=window))
+        """Candidates verified by recent steps, per depth drafted."""
+        self.outcomes: deque[tuple[int, int]] = deque(maxlen=DEPTH_WINDOW)
+        """(depth drafted, depth accepted) of recent steps."""
         self.accepted = self.predicted = CALIBRATION_PRIOR
         self.memory = memory
         self.steps = 0
@@ -59,10 +70,34 @@ class _Measurements:
     def learn(self, record: StepRecord, predicted: float | None) -> None:
         self.steps += 1
         self.verify.add(record.num_nodes + 1, record.verify_s)
-        self.draft.append(record.draft_s)
+        self.draft[record.num_drafted].append(record.draft_s)
+        self.nodes[record.num_drafted].append(record.num_nodes)
+        self.outcomes.append((record.num_drafted, record.num_accepted))
         if predicted is not None and predicted > 0:
             self.accepted = self.memory * self.accepted + record.num_accepted
             self.predicted = self.memory * self.predicted + predicted
+
+    def draft_time(self, depth: int) -> float:
+        """Median draft seconds of a step of `depth` levels; where none was timed, the nearest
+        timed depth's, scaled in proportion (0 before any step)."""
+        timed = {d: statistics.median_low(t) for d, t in self.draft.items() if t}
+        if not timed:
+            return 0.0
+        nearest = min(timed, key=lambda d: (abs(d - depth), -d))
+        return timed[nearest] * depth / nearest
+
+    def verified_nodes(self, depth: int) -> int:
+        """Median candidates verified at `depth` levels (the nearest timed depth's, else 1)."""
+        counted = {d: statistics.median_low(n) for d, n in self.nodes.items() if n}
+        if not counted:
+            return 1
+        return counted[min(counted, key=lambda d: (abs(d - depth), -d))]
+
+    def expected_accepted(self, depth: int) -> float | None:
+        """E[min(accepted, depth)] over recent steps that drafted at least `depth` levels (a
+        deeper tree holds a shallower one's levels), None if none did."""
+        seen = [min(accepted, depth) for drafted, accepted in self.outcomes if drafted >= depth]
+        return sum(seen) / len(seen) if seen else None
 
 
 @dataclass
@@ -71,10 +106,13 @@ class TreeGoodputPolicy:
     the drafter's candidates (at most its `nodes`; at least `min_nodes`)."""
 
     depth: int = DEFAULT_DEPTH
+    """The most levels a step drafts."""
     min_nodes: int = 1
     probe_every: int = 16
     window: int = 9
     memory: float = 0.98
+    adapt_depth: bool = True
+    """Draft each step the depth whose measured goodput is best (else always `depth`)."""
     measured: _Measurements = field(init=False, repr=False)
     predicted: float | None = field(default=None, init=False, repr=False)
     """Σ exp(s_i) over the candidates verified last, uncalibrated (for `observe`)."""
@@ -111,7 +149,24 @@ class TreeGoodputPolicy:
         self.predicted = None
 
     def draft_budget(self) -> int:
-        return self.depth
+        """The levels to draft this step: `depth` during the opening steps and at every
+        `probe_every`-th step (half a period after the size re-probes), so the deepest level's
+        acceptance stays measured; else the depth d maximising (1 + E[min(accepted, d)]) /
+        (T_draft(d) + T_verify(n_d + 1)), with n_d the candidates verified at that depth."""
+        measured = self.measured
+        probe = measured.steps % self.probe_every == self.probe_every // 2
+        if not self.adapt_depth or measured.steps < OPENING_STEPS or probe:
+            return self.depth
+        best, best_goodput = self.depth, -1.0
+        for depth in range(1, self.depth + 1):
+            accepted = measured.expected_accepted(depth)
+            if accepted is None:
+                continue
+            seconds = measured.draft_time(depth)
+            seconds += measured.verify(measured.verified_nodes(depth) + 1)
+            if seconds > 0 and (1 + accepted) / seconds > best_goodput:
+                best, best_goodput = depth, (1 + accepted) / seconds
+        return best
 
     def admits(self, logits: torch.Tensor) -> bool:
         return True
@@ -133,7 +188,7 @@ class TreeGoodputPolicy:
         cap = min(tree.nodes, len(tree.tokens))
         confidence = [math.exp(tree.scores[i]) for i in tree.ranking()[:cap]]
         sizes = self.sizes(cap)
-        best = self.best_size(confidence) if self.measured.steps >= len(sizes) else cap
+        best = self.best_size(confidence, tree.levels) if self.measured.steps >= len(sizes) else cap
         size = self._probe(sizes, best) or best
         size = max(min(size, cap), min(self.min_nodes, cap))
         self.predicted = sum(confidence[:size])
@@ -156,10 +211,11 @@ class TreeGoodputPolicy:
             return None
         return best + 1 if (steps // self.probe_every) % 2 else max(best - 1, 1)
 
-    def best_size(self, confidence: list[float]) -> int:
-        """argmax_n G(n) over n = 1..len(confidence) (module docstring)."""
+    def best_size(self, confidence: list[float], levels: int | None = None) -> int:
+        """argmax_n G(n) over n = 1..len(confidence) (module docstring), for a tree of `levels`
+        (default `depth`) levels."""
         r = self.measured.calibration()
-        draft_s = statistics.median_low(self.measured.draft) if self.measured.draft else 0.0
+        draft_s = self.measured.draft_time(levels or self.depth)
         best, best_goodput, expected = 1, -1.0, 1.0
         for n, p in enumerate(confidence, start=1):
             expected += min(r * p, 1.0)
