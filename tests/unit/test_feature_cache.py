@@ -30,6 +30,7 @@ def _assert_same_features(a, b):
         assert torch.equal(getattr(a, field.name), getattr(b, field.name)), field.name
 
 
+@cpu_training
 def test_cached_features_equal_a_fresh_prefill(tmp_path):
     target = TinyLoaded(tiny_target(torch.float32))
     runner, layers = target.runner, (1, 2)
