@@ -104,7 +104,7 @@ def build_engine(
         policy = default_policy(
             drafter,
             "k" in policy_options or verify_policy is not None,
-            runner.dtype if torch.device(runner.device).type == "cpu" else None,
+            runner.dtype if runner.device.type == "cpu" else None,
             runner.batch_size,
         )
     if policy in ("sv", "goodput") and verify_policy is not None:

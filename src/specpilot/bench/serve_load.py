@@ -251,15 +251,8 @@ async def run_load_in_turns(
     second over the first's, per round). `progress(url, level_summary)` follows each level."""
     checked = [replace(settings, url=url) for url in urls]  # each URL validated
     prompts = list(prompts or DEFAULT_PROMPTS)
-    limits = httpx.Limits(max_connections=max(settings.concurrency))
-    timeout = httpx.Timeout(settings.timeout_s)
     async with AsyncExitStack() as stack:
-        clients = [
-            await stack.enter_async_context(
-                httpx.AsyncClient(base_url=s.url, timeout=timeout, limits=limits)
-            )
-            for s in checked
-        ]
+        clients = [await stack.enter_async_context(_client(s)) for s in checked]
         models = [settings.model or await _first_model(client) for client in clients]
         servers = [
             {"url": url, "model": m, "levels": []} for url, m in zip(urls, models, strict=True)
@@ -278,6 +271,14 @@ async def run_load_in_turns(
     return {"config": config, "machine": machine_info(), "servers": servers, "paired": paired}
 
 
+def _client(settings: LoadSettings) -> httpx.AsyncClient:
+    """A client of `settings.url` with a connection for each request of the largest level."""
+    limits = httpx.Limits(max_connections=max(settings.concurrency))
+    return httpx.AsyncClient(
+        base_url=settings.url, timeout=httpx.Timeout(settings.timeout_s), limits=limits
+    )
+
+
 async def _first_model(client: httpx.AsyncClient) -> str:
     listed = (await client.get("/v1/models")).raise_for_status().json()
     return listed["data"][0]["id"]
@@ -288,9 +289,7 @@ async def run_load(settings: LoadSettings, prompts: list[str] | None = None, pro
     the machine is the client's, which is the server's: the URL is loopback only).
     `progress(level_summary)` is called after each level."""
     prompts = list(prompts or DEFAULT_PROMPTS)
-    limits = httpx.Limits(max_connections=max(settings.concurrency))
-    timeout = httpx.Timeout(settings.timeout_s)
-    async with httpx.AsyncClient(base_url=settings.url, timeout=timeout, limits=limits) as client:
+    async with _client(settings) as client:
         model = settings.model or await _first_model(client)
         levels = []
         for concurrency in settings.concurrency:

@@ -77,21 +77,26 @@ class _Measurements:
             self.accepted = self.memory * self.accepted + record.num_accepted
             self.predicted = self.memory * self.predicted + predicted
 
+    @staticmethod
+    def _nearest_median(samples: dict[int, deque], depth: int) -> tuple[int, float] | None:
+        """(d, the median of samples[d]) for the drafted depth d nearest `depth` (the deeper on
+        a tie), None before any step."""
+        drafted = [d for d, values in samples.items() if values]
+        if not drafted:
+            return None
+        nearest = min(drafted, key=lambda d: (abs(d - depth), -d))
+        return nearest, statistics.median_low(samples[nearest])
+
     def draft_time(self, depth: int) -> float:
         """Median draft seconds of a step of `depth` levels; where none was timed, the nearest
         timed depth's, scaled in proportion (0 before any step)."""
-        timed = {d: statistics.median_low(t) for d, t in self.draft.items() if t}
-        if not timed:
-            return 0.0
-        nearest = min(timed, key=lambda d: (abs(d - depth), -d))
-        return timed[nearest] * depth / nearest
+        found = self._nearest_median(self.draft, depth)
+        return 0.0 if found is None else found[1] * depth / found[0]
 
     def verified_nodes(self, depth: int) -> int:
         """Median candidates verified at `depth` levels (the nearest timed depth's, else 1)."""
-        counted = {d: statistics.median_low(n) for d, n in self.nodes.items() if n}
-        if not counted:
-            return 1
-        return counted[min(counted, key=lambda d: (abs(d - depth), -d))]
+        found = self._nearest_median(self.nodes, depth)
+        return 1 if found is None else int(found[1])
 
     def expected_accepted(self, depth: int) -> float | None:
         """E[min(accepted, depth)] over recent steps that drafted at least `depth` levels (a
