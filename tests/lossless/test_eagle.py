@@ -99,16 +99,19 @@ def test_greedy_identity_with_svip_on_the_tree(model, plain_outputs):
 
 @pytest.mark.parametrize("name", ["tree", "wide-tree", "tree-lookup"])
 def test_greedy_identity_with_goodput_sized_trees(model, plain_outputs, name):
-    """Tree sizes chosen from the measured latency (an opening sweep, then the best size and
-    re-probes) change what is verified, never the output."""
+    """Tree sizes and depths chosen from the measured latency and past acceptance (an opening
+    sweep, then the best size and depth, and re-probes) change what is verified, never the
+    output."""
     policy = TreeGoodputPolicy(depth=CONFIGS[name]["depth"], probe_every=3)
     engine = eagle_engine(model, policy, **CONFIGS[name])
-    head_nodes = set()
+    head_nodes, depths = set(), set()
     for prompt, plain in zip(PROMPTS, plain_outputs, strict=True):
         result = engine.generate(prompt, GenerationConfig(max_new_tokens=30))
         assert result.token_ids == plain
         head_nodes |= {r.num_nodes for r in result.stats.records}
+        depths |= {r.num_drafted for r in result.stats.records if r.num_drafted > 0}
     assert len(head_nodes) >= 3  # the sweep verified several sizes
+    assert len(depths) >= 2  # and the depth changed from step to step
 
 
 @pytest.mark.parametrize("name", ["chain", "tree"])
