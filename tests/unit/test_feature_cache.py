@@ -3,8 +3,10 @@ one folder per target identity, damaged entries recomputed, and training that do
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 
+import pytest
 import torch
 from eagle_fixtures import TinyLoaded, tiny_head, tiny_target
 from tiny import cpu_training
@@ -48,10 +50,42 @@ def test_cached_features_equal_a_fresh_prefill(tmp_path):
     files[0].write_bytes(b"not a safetensors file")
     _assert_same_features(fresh, sequence_features(runner, sample, layers, rows, cache=cache))
     assert cache.load(sample.token_ids) is not None
-    # A prefill that must leave the sample in the KV cache neither reads nor writes entries.
-    other = Sample("cut", sample.prompt_ids, sample.response_ids[:10])
-    sequence_features(runner, other, layers, rows, keep_cache=True, cache=cache)
-    assert cache.load(other.token_ids) is None
+
+
+@cpu_training
+def test_a_stored_kv_cache_continues_a_prefix_as_its_own_prefill(tmp_path):
+    """PPOW's rollouts: the whole sequence's KV cache is stored once, then loaded and cut at a
+    prefix; the target's forward continuing from it matches a prefill of the prefix alone."""
+    runner, layers = TinyLoaded(tiny_target(torch.float32)).runner, (1, 2)
+    rows = runner.lm_head[:80].contiguous()
+    cache = FeatureCache(tmp_path, runner, layers)
+    sample, length, window = _samples(1)[0], 12, [7, 8, 9]
+
+    def prefix_and_continuation(use_cache):
+        feats = sequence_features(runner, sample, layers, rows, True, use_cache, length)
+        assert runner.length == length
+        return feats, runner.run(window, logits="all").logits
+
+    fresh, expected = prefix_and_continuation(None)
+    stored, after_store = prefix_and_continuation(cache)  # prefills the whole sample, keeps it
+    assert len(list(cache.folder.glob("*.kv.safetensors"))) == 1
+    loaded, after_load = prefix_and_continuation(cache)
+    assert torch.equal(after_store, after_load)  # exactly the stored numbers
+    _assert_same_features(stored, loaded)
+    # The prefix cut from a longer forward: the same values up to that forward's rounding.
+    assert torch.allclose(after_load, expected, atol=1e-5)
+    for field in dataclasses.fields(fresh):
+        assert torch.allclose(
+            getattr(fresh, field.name).float(), getattr(loaded, field.name).float(), atol=1e-5
+        )
+    # A torn KV file is recomputed and replaced.
+    next(cache.folder.glob("*.kv.safetensors")).write_bytes(b"torn")
+    assert torch.equal(prefix_and_continuation(cache)[1], after_load)
+    assert cache.load_kv(sample.token_ids) is not None
+    # A state of another shape is refused, not loaded.
+    keys, values = runner.cache_state(0, length)
+    with pytest.raises(ValueError, match="does not fit"):
+        runner.load_cache_state(0, keys[:1], values[:1])
 
 
 def test_each_target_identity_has_its_own_folder(tmp_path):
@@ -93,5 +127,15 @@ def test_training_with_the_cache_is_training_without_it(tmp_path):
     cached = train_ppow(
         target, samples, tmp_path / "ppow_cached", ppow, init, False, tmp_path / "features"
     )
+    # Rollouts cut the stored whole-sequence KV cache at their prefixes: the same training up to
+    # the rounding of the longer prefill (the same windows sampled, rewards and logged losses;
+    # Adam's normalised steps carry the rounding into the weights' last digits).
     for a, b in zip(plain.parameters(), cached.parameters(), strict=True):
-        assert torch.equal(a, b)
+        assert torch.allclose(a, b, rtol=0, atol=1e-4)
+
+    def logged(folder):
+        with (folder / "train_log.csv").open() as log:
+            return [row | {"seconds": None} for row in csv.DictReader(log)]
+
+    assert logged(tmp_path / "ppow") == logged(tmp_path / "ppow_cached")
+    assert len(list((tmp_path / "features").glob("*/*.kv.safetensors"))) > 0

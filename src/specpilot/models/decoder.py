@@ -184,6 +184,32 @@ class DecoderRunner:
         self.slot_lengths = [[0] * self.num_layers for _ in range(self.batch_size)]
         self.cached.clear()
 
+    def cache_state(self, slot: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Copies of `slot`'s keys and values at positions [0, length) (each [layers, kv heads,
+        length, head dim]): a prefill kept to be restored later with `load_cache_state`."""
+        if min(self.slot_lengths[slot]) < length:
+            raise ValueError(
+                f"slot {slot} holds {min(self.slot_lengths[slot])} < {length} positions"
+            )
+        return (
+            self.k_cache[:, slot, :, :length].clone(),
+            self.v_cache[:, slot, :, :length].clone(),
+        )
+
+    def load_cache_state(self, slot: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Make `slot` hold the positions of a `cache_state` (of this model and dtype)."""
+        expected = (self.num_layers, self.num_kv_heads, keys.shape[2], self.head_dim)
+        if keys.shape != expected or values.shape != expected or keys.shape[2] > self.max_length:
+            raise ValueError(
+                f"a cache state of shape {tuple(keys.shape)} does not fit this model's cache "
+                f"(layers, kv heads, positions <= {self.max_length}, head dim) = {expected}"
+            )
+        length = keys.shape[2]
+        self.k_cache[:, slot, :, :length] = keys.to(self.k_cache)
+        self.v_cache[:, slot, :, :length] = values.to(self.v_cache)
+        self.slot_lengths[slot] = [length] * self.num_layers
+        self.cached.trim(slot, 0)
+
     # -- math --------------------------------------------------------------------------------
     def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         xf = x.float()

@@ -7,6 +7,12 @@ without native bf16 (float32) the prefill that recomputes them took 59 % of a di
 for SmolLM2-135M (README, train-eagle). Each sequence's features are stored once, exactly as the
 runner produced them (its dtype), so a cached run trains on the same numbers as one without.
 
+PPOW's rollouts also need the target's KV cache of each sequence (the target judges windows
+that continue its prefixes): where the runner can export it (`cache_state`), the whole sequence's
+keys and values are kept too, in a file of their own, and a rollout loads them and cuts them at
+its prefix instead of prefilling the prefix. A cut there equals a prefill of the prefix alone up
+to the rounding of the longer forward (causal attention: a position sees only its past).
+
 Entries are addressed by content: a folder per target identity (architecture, dtype, tap layers
 and a fingerprint of its weights) holding one safetensors file per token sequence, named by a
 hash of its ids. Another target, dtype or tap choice therefore never reads them, and a cut or
@@ -33,30 +39,44 @@ class FeatureCache:
         self.folder = Path(folder).expanduser() / target_identity(runner, feature_layers)
         self.folder.mkdir(parents=True, exist_ok=True)
 
-    def _path(self, ids: list[int]) -> Path:
+    def _path(self, ids: list[int], kind: str = "") -> Path:
         digest = hashlib.sha256(torch.tensor(ids, dtype=torch.int64).numpy().tobytes())
-        return self.folder / f"{digest.hexdigest()[:40]}.safetensors"
+        return self.folder / f"{digest.hexdigest()[:40]}{kind}.safetensors"
 
     def load(self, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(taps [n, layers · h], hidden [n, h]) of `ids` (n = len(ids) − 1), None if absent or
         unreadable."""
-        path = self._path(ids)
+        return self._read(self._path(ids), ("taps", "hidden"), 0, len(ids) - 1)
+
+    def store(self, ids: list[int], taps: torch.Tensor, hidden: torch.Tensor) -> None:
+        self._write(self._path(ids), {"taps": taps, "hidden": hidden})
+
+    def load_kv(self, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The target's (keys, values) after a prefill of `ids` ([layers, kv heads, len(ids),
+        head dim] each), None if absent or unreadable."""
+        return self._read(self._path(ids, ".kv"), ("keys", "values"), 2, len(ids))
+
+    def store_kv(self, ids: list[int], keys: torch.Tensor, values: torch.Tensor) -> None:
+        self._write(self._path(ids, ".kv"), {"keys": keys, "values": values})
+
+    @staticmethod
+    def _read(path: Path, names: tuple[str, str], axis: int, positions: int):
+        """The two tensors `names` of a file if both hold `positions` positions along `axis`."""
         if not path.is_file():
             return None
         try:
             stored = load_file(path)
         except (SafetensorError, OSError, ValueError):
             return None
-        taps, hidden = stored.get("taps"), stored.get("hidden")
-        n = len(ids) - 1
-        if taps is None or hidden is None or taps.shape[0] != n or hidden.shape[0] != n:
+        tensors = tuple(stored.get(name) for name in names)
+        if any(t is None or t.dim() <= axis or t.shape[axis] != positions for t in tensors):
             return None
-        return taps, hidden
+        return tensors
 
-    def store(self, ids: list[int], taps: torch.Tensor, hidden: torch.Tensor) -> None:
-        path = self._path(ids)
+    @staticmethod
+    def _write(path: Path, tensors: dict[str, torch.Tensor]) -> None:
         tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
-        save_file({"taps": taps.contiguous(), "hidden": hidden.contiguous()}, tmp)
+        save_file({name: t.contiguous() for name, t in tensors.items()}, tmp)
         os.replace(tmp, path)
 
 

@@ -54,30 +54,21 @@ def sequence_features(
     draft_head_rows: torch.Tensor,
     keep_cache: bool = False,
     cache: FeatureCache | None = None,
+    length: int | None = None,
 ) -> SequenceFeatures:
-    """Teacher-forced target prefill of one sample (cache slot 0, reset first; `keep_cache`:
-    leave the sample in the KV cache, for forwards that continue from its prefixes), or its
-    taps and hidden states from `cache` (stored there on first use; not with `keep_cache`,
-    which needs the prefill itself)."""
+    """Teacher-forced target prefill of one sample (cache slot 0, reset first), or its taps and
+    hidden states from `cache` (stored there on first use). `length`: only the sample's first
+    `length` tokens (a prefix of it). `keep_cache`: leave those tokens in the KV cache, for
+    forwards that continue from them; with a `cache` and a runner that exports its KV cache, the
+    whole sample's keys and values are stored on first use and later loaded and cut there."""
     ids = sample.token_ids
-    n = len(ids) - 1
-    cache = None if keep_cache else cache
+    length = len(ids) if length is None else length
+    n = length - 1
     with torch.inference_mode():  # the runner's tensors; cloned below into autograd-safe ones
-        stored = cache.load(ids) if cache is not None else None
-        if stored is None:
-            runner.reset()
-            out = runner.run(ids, tap_layers=feature_layers, logits="none")
-            taps = torch.cat([out.taps[k][:n] for k in feature_layers], dim=-1)
-            hidden = out.hidden[1:]
-            if cache is not None:
-                cache.store(ids, taps, hidden)
-        else:
-            taps, hidden = stored
+        taps, hidden = _target_states(runner, ids, length, feature_layers, keep_cache, cache)
         target_logits = runner.logits_from_hidden(hidden, draft_head_rows)
-        embeds = F.embedding(torch.tensor(ids[1:]), runner.embed).float()
+        embeds = F.embedding(torch.tensor(ids[1:length]), runner.embed).float()
         taps = taps.float()
-        if stored is None and not keep_cache:
-            runner.reset()
     # Position t predicts token t + 2: score it when that token is part of the response.
     positions = torch.arange(n)
     loss_mask = (positions >= len(sample.prompt_ids) - 2) & (positions < n - 1)
@@ -89,3 +80,39 @@ def sequence_features(
         runner.cos[:n].float().clone(),
         runner.sin[:n].float().clone(),
     )
+
+
+def _target_states(
+    runner, ids, length, layers, keep_cache, cache
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Taps and last hidden states at positions 0..length − 2 of `ids`: prefilled, or read from
+    `cache` (`keep_cache` also needs the stored KV cache, where the runner can load one)."""
+    if cache is None:
+        return _prefill(runner, ids[:length], layers, keep_cache)
+    with_kv = keep_cache and hasattr(runner, "load_cache_state")
+    if keep_cache and not with_kv:  # the prefix's own prefill is the KV cache it needs
+        return _prefill(runner, ids[:length], layers, keep_cache)
+    stored = cache.load(ids)
+    state = cache.load_kv(ids) if with_kv else None
+    if stored is None or (with_kv and state is None):
+        stored = _prefill(runner, ids, layers, keep_cache)
+        cache.store(ids, *stored)
+        if with_kv:
+            cache.store_kv(ids, *runner.cache_state(0, len(ids)))
+    elif with_kv:
+        runner.reset()
+        runner.load_cache_state(0, *state)
+    if keep_cache:
+        runner.rollback(length)
+    taps, hidden = stored
+    return taps[: length - 1], hidden[: length - 1]
+
+
+def _prefill(runner, ids, layers, keep_cache) -> tuple[torch.Tensor, torch.Tensor]:
+    n = len(ids) - 1
+    runner.reset()
+    out = runner.run(ids, tap_layers=layers, logits="none")
+    taps = torch.cat([out.taps[k][:n] for k in layers], dim=-1)
+    if not keep_cache:
+        runner.reset()
+    return taps, out.hidden[1:]

@@ -85,7 +85,7 @@ def train_ppow(
 ) -> EagleHead:
     """Fine-tune (or resume fine-tuning) `init` for the loaded `target` with PPOW
     (`feature_cache`: a folder that keeps the target's features of whole sequences for ADAW's
-    scoring and the evaluations; rollouts prefill their prefixes, whose KV cache they need)."""
+    scoring and the evaluations, and their KV caches, which rollouts cut at their prefixes)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     runner = target.runner
@@ -112,8 +112,8 @@ def train_ppow(
     layers = head.shape.feature_layers
     cache = None if feature_cache is None else FeatureCache(feature_cache, runner, layers)
 
-    def features(sample: Sample, keep_cache: bool = False):
-        return sequence_features(runner, sample, layers, target_rows, keep_cache, cache)
+    def features(sample: Sample, keep_cache: bool = False, length: int | None = None):
+        return sequence_features(runner, sample, layers, target_rows, keep_cache, cache, length)
 
     log = CsvLog(out / LOG_FILE, LOG_COLUMNS, state["update"])
     bar = tqdm(
@@ -242,9 +242,9 @@ def _rollout(head, sample, lengths, features, runner, config, gamma, generator) 
     """G windows after each prefix length of one sample, with the target's verdict, rewards and
     advantages: everything the gradient steps need. The sample is cut after its last window
     (nothing later is seen by the head or the target), which halves the prefill on average."""
-    end = max(lengths) + config.window - len(sample.prompt_ids)
-    sample = Sample(sample.id, sample.prompt_ids, sample.response_ids[:end])
-    feats = features(sample, keep_cache=True)
+    end = max(lengths) + config.window
+    feats = features(sample, keep_cache=True, length=end)
+    ids = sample.token_ids[:end]
     g, k = config.group, config.window
     with torch.no_grad(), cpu_autocast(config.bf16):
         prefix = head_prefix(head, feats)
@@ -255,7 +255,7 @@ def _rollout(head, sample, lengths, features, runner, config, gamma, generator) 
     old_logp = logp.gather(-1, tokens[..., None]).squeeze(-1)
     full_ids = head.draft_ids[tokens]
     verdict = judge_windows(
-        runner, sample.token_ids, lengths, full_ids.view(len(lengths), g, k), head.draft_ids,
+        runner, ids, lengths, full_ids.view(len(lengths), g, k), head.draft_ids,
         config.temperature, config.prox_reference,
     )  # fmt: skip
     uniforms = torch.rand(verdict.logp.shape, generator=generator)
