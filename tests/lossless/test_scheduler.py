@@ -11,6 +11,7 @@ from tiny import perturbed, tiny_model
 
 from specpilot.config import GenerationConfig, SamplingConfig
 from specpilot.engine import Scheduler
+from specpilot.errors import ConfigError
 
 PROMPTS = [[1, 5, 9, 14], [1, 30, 31, 30, 31, 30], [1, 7], [1, 60, 2, 61, 62, 63], [3, 4]]
 CONFIGS = [
@@ -41,12 +42,15 @@ def solo(kind, target_model, draft_model):
     ]
 
 
+@pytest.mark.parametrize("chunk", [None, 2])
 @pytest.mark.parametrize("kind", KINDS)
-def test_requests_admitted_mid_run_equal_solo_runs(kind, target_model, draft_model):
+def test_requests_admitted_mid_run_equal_solo_runs(kind, chunk, target_model, draft_model):
     """Two slots, five requests arriving while others run: each joins when a slot frees, and
-    every request's tokens (and streamed tokens) equal its solo run's."""
+    every request's tokens (and streamed tokens) equal its solo run's; also with prompts
+    prefilled 2 tokens per step (chunked prefill)."""
     expected = solo(kind, target_model, draft_model)
-    scheduler = Scheduler(make_engine(kind, target_model, draft_model, batch_size=2))
+    engine = make_engine(kind, target_model, draft_model, batch_size=2)
+    scheduler = Scheduler(engine, prefill_chunk=chunk)
     streamed = [[] for _ in PROMPTS]
     requests = [scheduler.submit(PROMPTS[0], CONFIGS[0], streamed[0].extend)]
     scheduler.step()
@@ -98,3 +102,34 @@ def test_a_returning_prompt_takes_the_slot_holding_its_prefix(target_model, draf
     assert request.stats.prefill_tokens == 2
     fresh = make_engine("model", target_model, draft_model).generate(follow_up, GenerationConfig(6))
     assert request.result.token_ids == fresh.token_ids
+
+
+@pytest.mark.parametrize("kind", ["model", "eagle"])
+def test_a_chunked_prefill_lets_running_rows_decode(kind, target_model, draft_model):
+    """A long prompt admitted beside a running row is prefilled `prefill_chunk` tokens per step
+    while the running row emits tokens in each of those steps; both equal their solo runs."""
+    long_prompt = [1, *range(20, 47)]
+    configs = [GenerationConfig(40), GenerationConfig(8)]
+    expected = [
+        make_engine(kind, target_model, draft_model).generate(prompt, config)
+        for prompt, config in zip([PROMPTS[0], long_prompt], configs, strict=True)
+    ]
+    scheduler = Scheduler(make_engine(kind, target_model, draft_model, batch_size=2), False, 4)
+    running = scheduler.submit(PROMPTS[0], configs[0])
+    scheduler.step()
+    joining = scheduler.submit(long_prompt, configs[1])
+    read = []
+    while not joining.prefilled:
+        emitted = len(running.generated)
+        scheduler.step()
+        read.append(joining.stats.prefill_tokens)
+        assert len(running.generated) > emitted or running.reason is not None
+    assert read == [4, 8, 12, 16, 20, 24, 27]  # 27 = the prompt less its last token
+    scheduler.run()
+    assert running.result.token_ids == expected[0].token_ids
+    assert joining.result.token_ids == expected[1].token_ids
+
+
+def test_a_prefill_chunk_must_be_positive(target_model, draft_model):
+    with pytest.raises(ConfigError, match="prefill chunk"):
+        Scheduler(make_engine("none", target_model, draft_model), prefill_chunk=0)

@@ -256,7 +256,7 @@ def test_the_serve_command_serves(pair, tmp_path, backend):
     argv = [sys.executable, "-m", "specpilot.cli", "serve", "--target", target, "--draft", draft]
     argv += ["--dtype", "float32", "--max-length", "128", "--backend", backend]
     if backend == "specpilot":
-        argv += ["--max-batch", "2", "--k", "3"]
+        argv += ["--max-batch", "2", "--k", "3", "--prefill-chunk", "2"]
     argv += ["--port", str(port), "--model-name", MODEL, "--max-new-tokens", "4"]
     log = open(tmp_path / "serve.log", "w")  # noqa: SIM115
     process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
@@ -287,7 +287,12 @@ def test_the_serve_command_serves(pair, tmp_path, backend):
 
 @pytest.mark.parametrize(
     "flags,message",
-    [(["--max-batch", "0"], "--batch-size"), (["--max-queue", "-1"], "--max-queue")],
+    [
+        (["--max-batch", "0"], "--batch-size"),
+        (["--max-queue", "-1"], "--max-queue"),
+        (["--prefill-chunk", "0"], "--prefill-chunk"),
+        (["--backend", "hf-generate", "--prefill-chunk", "8"], "drop --prefill-chunk"),
+    ],
 )
 def test_serve_flags_are_checked_before_loading(flags, message, capsys):
     assert main(["serve", "--target", "no-such-model", *flags]) == 2

@@ -287,5 +287,7 @@ def add_feature_cache_flag(parser: argparse.ArgumentParser) -> None:
         "prefill and reuse them in later epochs, evaluations and ADAW passes (the same numbers; "
         "pays where the CPU has no native bf16 and the prefill is most of an update; disk: "
         "(taps + 1) x hidden size x the target's dtype bytes per position, 9.2 KB for "
+        "SmolLM2-135M in float32); train-ppow also keeps each sequence's KV cache there for "
+        "its rollouts (2 x layers x KV heads x head size x dtype bytes per position, 46 KB for "
         "SmolLM2-135M in float32); runs of one target may share DIR",
     )

@@ -64,12 +64,20 @@ def add_specpilot_arguments(parser: argparse.ArgumentParser) -> None:
         default=8,
         help="requests decoded together: the KV cache holds one slot each (default %(default)s)",
     )
+    parser.add_argument(
+        "--prefill-chunk",
+        type=int,
+        metavar="TOKENS",
+        help="prefill at most TOKENS prompt tokens per step, so requests being decoded keep "
+        "emitting while a burst of prompts is read (default: every admitted prompt at once)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from specpilot.serve import create_app
+    from specpilot.serve.worker import EngineWorker
 
     defaults = generation_config(args)
     require(args.max_queue >= 0, f"--max-queue must be >= 0, got {args.max_queue}")
@@ -79,8 +87,12 @@ def run(args: argparse.Namespace) -> int:
     else:
         args.draft = args.draft or DEFAULT_DRAFT
         size = batch_size(args.max_batch)
+        require(
+            args.prefill_chunk is None or args.prefill_chunk >= 1,
+            f"--prefill-chunk must be >= 1 token, got {args.prefill_chunk}",
+        )
         draft, build = engine_builder(args, batch=size)
-        backend = build(load_from_args(args, draft, size))
+        backend = EngineWorker(build(load_from_args(args, draft, size)), args.prefill_chunk)
     name = args.model_name or args.target
     app = create_app(backend, name, defaults, args.max_queue)
     print(f"serving {name!r} on http://{args.host}:{args.port}/v1", file=sys.stderr)

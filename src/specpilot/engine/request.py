@@ -68,6 +68,8 @@ class Request:
         """The cache slot while the request runs (None while waiting and once finished)."""
         self.admitted_at = 0.0
         """time.perf_counter() when it was admitted (its prefill began)."""
+        self.prefilled = False
+        """Its prompt (all but the last token, which the first step feeds) is in the cache."""
         self.generated: list[int] = []
         self.sequence = prompt_ids
         self.stats = GenerationStats()

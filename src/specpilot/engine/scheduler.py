@@ -5,8 +5,14 @@ until the whole batch ends.
 Each `step()` (1) retires cancelled requests, (2) admits waiting requests into free slots (each
 into the free slot holding the longest prefix of its prompt, so a conversation's next turn or a
 shared system prompt is not prefilled again) and prefills them together, (3) runs one engine
-step over every active row (draft → select → verify in one target forward, each row accepting
-its own number of tokens), (4) retires the rows that finished. `SpeculativeEngine.
+step over every row whose prompt is in the cache (draft → select → verify in one target
+forward, each row accepting its own number of tokens), (4) retires the rows that finished.
+
+Chunked prefill (`prefill_chunk`): a step prefills at most that many prompt tokens, the
+earliest admitted rows first, so a burst of long prompts is read over several steps while the
+running rows keep decoding between them, instead of stalling them for one forward over every
+waiting prompt (the running rows' latency per token is bounded; a new request's first token
+comes later). `SpeculativeEngine.
 generate_batch` is this loop run to the end with every prompt admitted at once; its caller waits
 for the last row, so it asks a batch planner to finish the batch soonest (`finish_together`)
 rather than to emit the most tokens per second.
@@ -30,6 +36,7 @@ from typing import TYPE_CHECKING
 
 from specpilot.config import GenerationConfig
 from specpilot.engine.request import Request
+from specpilot.errors import ConfigError
 from specpilot.models.chat import Messages
 
 if TYPE_CHECKING:
@@ -37,11 +44,20 @@ if TYPE_CHECKING:
 
 
 class Scheduler:
-    def __init__(self, engine: SpeculativeEngine, finish_together: bool = False):
+    def __init__(
+        self,
+        engine: SpeculativeEngine,
+        finish_together: bool = False,
+        prefill_chunk: int | None = None,
+    ):
+        if prefill_chunk is not None and prefill_chunk < 1:
+            raise ConfigError(f"the prefill chunk must be >= 1 token, got {prefill_chunk}")
         self.engine = engine
         self.finish_together = finish_together
         """The caller waits for the whole batch: while no request waits for a slot, the goodput
         controller minimises the time until the last row finishes (docs/methods.md §7.5)."""
+        self.prefill_chunk = prefill_chunk
+        """The most prompt tokens one step prefills (None: every admitted prompt at once)."""
         self.waiting: deque[Request] = deque()
         self.active: list[Request] = []
         self.free = list(range(engine.target.batch_size))
@@ -88,11 +104,14 @@ class Scheduler:
             self.waiting = deque(r for r in self.waiting if not r.cancelled)
         finished = self._retire(cancelled, "cancelled")
         self._admit()
+        pending = [row for row in self.active if not row.prefilled]
+        if pending:
+            self.engine._prefill(pending, self.prefill_chunk)
         max_length = self.engine.target.max_length
         for row in self.active:
             if row.room(max_length) <= 0:
                 row.reason = "length"
-        running = [row for row in self.active if row.reason is None]
+        running = [row for row in self.active if row.reason is None and row.prefilled]
         if running:
             draining = self.finish_together and not self.waiting
             self.engine._step(running, finish_together=draining)
@@ -128,7 +147,7 @@ class Scheduler:
         return requests
 
     def _admit(self) -> None:
-        """Move waiting requests into free slots and prefill them in one target forward."""
+        """Move waiting requests into free slots (the next `step` prefills them)."""
         if not self.waiting or not self.free:
             return
         if not self.active:
@@ -144,4 +163,3 @@ class Scheduler:
         for request in admitted:
             request.admitted_at = start
         self.active.extend(admitted)
-        self.engine._prefill(admitted)

@@ -141,11 +141,11 @@ class SpeculativeEngine:
         reusable = getattr(self.drafter, "reusable", None)
         return keep if reusable is None else min(keep, reusable(slot, request.prompt_ids))
 
-    def _prefill(self, rows: list[Request]) -> None:
-        """Feed the new rows' prompts (less what their slots hold) in one target forward, and
-        their features to a drafter that reads them."""
+    def _prefill(self, rows: list[Request], budget: int | None = None) -> None:
+        """Feed the rows' prompts (less what their slots hold; at most `budget` tokens in all,
+        the earliest rows first) in one target forward, and their features to a drafter that
+        reads them; a row whose prompt is then in the cache is marked `prefilled`."""
         start = time.perf_counter()
-        slots = [row.slot for row in rows]
         # A drafter that reads the target's features can reuse no more than it has features for
         # (another engine may have used the target's cache since).
         reusable = getattr(self.drafter, "reusable", None)
@@ -153,16 +153,29 @@ class SpeculativeEngine:
             for row in rows:
                 self.target.rollback(reusable(row.slot, row.prompt_ids), slot=row.slot)
         feeds = [sync(self.target, row.prompt_ids, row.slot)[:-1] for row in rows]
-        _, features = self._target_forward(feeds, slots, "none")
-        for feed, row, slot_features in zip(feeds, rows, features, strict=True):
-            self.target.cached.add(row.slot, feed)
+        pieces, left = [], budget
+        for feed in feeds:
+            pieces.append(feed if left is None else feed[:left])
+            left = None if left is None else left - len(pieces[-1])
+        # (row, its piece, the position the piece starts at); a row whose prompt the slot holds
+        # whole has an empty feed and is fed nothing.
+        fed = [
+            (row, piece, len(row.prompt_ids) - 1 - len(feed))
+            for row, piece, feed in zip(rows, pieces, feeds, strict=True)
+            if piece or not feed
+        ]
+        _, features = self._target_forward(
+            [piece for _, piece, _ in fed], [row.slot for row, _, _ in fed], "none"
+        )
+        for (row, piece, start_position), slot_features in zip(fed, features, strict=True):
+            self.target.cached.add(row.slot, piece)
             if slot_features is not None:
-                start_position = len(row.prompt_ids) - 1 - len(feed)
-                self.drafter.take_features(row.slot, start_position, slot_features, feed)
+                self.drafter.take_features(row.slot, start_position, slot_features, piece)
+            row.prefilled = start_position + len(piece) == len(row.prompt_ids) - 1
         prefill_s = time.perf_counter() - start
-        for row, feed in zip(rows, feeds, strict=True):
-            row.stats.prefill_s = prefill_s
-            row.stats.prefill_tokens = len(feed)
+        for row, piece, _ in fed:
+            row.stats.prefill_s += prefill_s
+            row.stats.prefill_tokens += len(piece)
 
     def _step(self, rows: list[Request], finish_together: bool = False) -> None:
         """Draft → select → verify all rows in one target forward → commit each row.

@@ -123,13 +123,13 @@ class Worker(ABC):
 
 class EngineWorker(Worker):
     """specpilot's engine: the scheduler's continuous batching, `slots` = the target's batch
-    size."""
+    size; `prefill_chunk`: the most prompt tokens one step prefills (engine.scheduler)."""
 
-    def __init__(self, engine: SpeculativeEngine):
+    def __init__(self, engine: SpeculativeEngine, prefill_chunk: int | None = None):
         target = engine.target
         super().__init__(engine.tokenizer, target.vocab_size, target.batch_size)
         self.engine = engine
-        self.scheduler = Scheduler(engine)
+        self.scheduler = Scheduler(engine, prefill_chunk=prefill_chunk)
 
     @property
     def running(self) -> int:
