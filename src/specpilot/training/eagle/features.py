@@ -38,8 +38,9 @@ class SequenceFeatures:
     """[n, layers · h] target taps at positions 0..n-1 (n = tokens − 1)."""
     embeds: torch.Tensor
     """[n, h] target embeddings of tokens 1..n (the next token of each position)."""
-    target_logits: torch.Tensor
-    """[n, draft vocab] the target's logits at positions 1..n (what position t must predict)."""
+    target_logits: torch.Tensor | None
+    """[n, draft vocab] the target's logits at positions 1..n (what position t must predict);
+    None where the caller needs no soft labels (PPOW's rollouts, judged by the target itself)."""
     loss_mask: torch.Tensor
     """[n] bool: positions whose prediction is a response token."""
     cos: torch.Tensor
@@ -55,18 +56,20 @@ def sequence_features(
     keep_cache: bool = False,
     cache: FeatureCache | None = None,
     length: int | None = None,
+    with_logits: bool = True,
 ) -> SequenceFeatures:
     """Teacher-forced target prefill of one sample (cache slot 0, reset first), or its taps and
     hidden states from `cache` (stored there on first use). `length`: only the sample's first
     `length` tokens (a prefix of it). `keep_cache`: leave those tokens in the KV cache, for
     forwards that continue from them; with a `cache` and a runner that exports its KV cache, the
-    whole sample's keys and values are stored on first use and later loaded and cut there."""
+    whole sample's keys and values are stored on first use and later loaded and cut there.
+    `with_logits=False` skips the soft labels (a product with the LM head at every position)."""
     ids = sample.token_ids
     length = len(ids) if length is None else length
     n = length - 1
     with torch.inference_mode():  # the runner's tensors; cloned below into autograd-safe ones
         taps, hidden = _target_states(runner, ids, length, feature_layers, keep_cache, cache)
-        target_logits = runner.logits_from_hidden(hidden, draft_head_rows)
+        target_logits = runner.logits_from_hidden(hidden, draft_head_rows) if with_logits else None
         embeds = F.embedding(torch.tensor(ids[1:length]), runner.embed).float()
         taps = taps.float()
     # Position t predicts token t + 2: score it when that token is part of the response.
@@ -75,7 +78,7 @@ def sequence_features(
     return SequenceFeatures(
         taps.clone(),
         embeds.clone(),
-        target_logits.clone(),
+        None if target_logits is None else target_logits.clone(),
         loss_mask,
         runner.cos[:n].float().clone(),
         runner.sin[:n].float().clone(),

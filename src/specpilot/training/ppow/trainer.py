@@ -112,8 +112,10 @@ def train_ppow(
     layers = head.shape.feature_layers
     cache = None if feature_cache is None else FeatureCache(feature_cache, runner, layers)
 
-    def features(sample: Sample, keep_cache: bool = False, length: int | None = None):
-        return sequence_features(runner, sample, layers, target_rows, keep_cache, cache, length)
+    def features(sample: Sample, keep_cache=False, length=None, with_logits=True):
+        return sequence_features(
+            runner, sample, layers, target_rows, keep_cache, cache, length, with_logits
+        )
 
     log = CsvLog(out / LOG_FILE, LOG_COLUMNS, state["update"])
     bar = tqdm(
@@ -243,7 +245,7 @@ def _rollout(head, sample, lengths, features, runner, config, gamma, generator) 
     advantages: everything the gradient steps need. The sample is cut after its last window
     (nothing later is seen by the head or the target), which halves the prefill on average."""
     end = max(lengths) + config.window
-    feats = features(sample, keep_cache=True, length=end)
+    feats = features(sample, keep_cache=True, length=end, with_logits=False)
     ids = sample.token_ids[:end]
     g, k = config.group, config.window
     with torch.no_grad(), cpu_autocast(config.bf16):
