@@ -90,19 +90,19 @@ def _target_states(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Taps and last hidden states at positions 0..length − 2 of `ids`: prefilled, or read from
     `cache` (`keep_cache` also needs the stored KV cache, where the runner can load one)."""
-    if cache is None:
-        return _prefill(runner, ids[:length], layers, keep_cache)
-    with_kv = keep_cache and hasattr(runner, "load_cache_state")
-    if keep_cache and not with_kv:  # the prefix's own prefill is the KV cache it needs
+    if cache is None or (keep_cache and not hasattr(runner, "load_cache_state")):
+        # Without a stored KV cache to load, the prefix's own prefill is the one it needs.
         return _prefill(runner, ids[:length], layers, keep_cache)
     stored = cache.load(ids)
-    state = cache.load_kv(ids) if with_kv else None
-    if stored is None or (with_kv and state is None):
-        stored = _prefill(runner, ids, layers, keep_cache)
-        cache.store(ids, *stored)
-        if with_kv:
+    state = cache.load_kv(ids) if keep_cache else None
+    if stored is None or (keep_cache and state is None):
+        prefilled = _prefill(runner, ids, layers, keep_cache)
+        if stored is None:
+            stored = prefilled
+            cache.store(ids, *stored)
+        if keep_cache:
             cache.store_kv(ids, *runner.cache_state(0, len(ids)))
-    elif with_kv:
+    elif keep_cache:
         runner.reset()
         runner.load_cache_state(0, *state)
     if keep_cache:
