@@ -276,3 +276,12 @@ def test_an_interrupted_bench_resumes_from_its_run_log(capsys, folders, tmp_path
     assert rows[("sd:k=3", "all")]["greedy_mismatches"] == 0
     code, _, err = bench(capsys, folders, *args[:-2], "--json-out", str(out_file), "--limit", "1")
     assert code == 2 and "another bench configuration" in err and "limit" in err
+
+
+def test_categories_take_turns_so_a_stopped_run_measured_each_alike():
+    from specpilot.bench.harness import category_batches
+
+    categories = ["mt", "mt", "mt", "code", "code", "math", "math", "math", "math"]
+    assert category_batches(categories, 1) == [[3], [5], [0], [4], [6], [1], [7], [2], [8]]
+    # Batches stay within a category; a category with fewer batches drops out of the turns.
+    assert category_batches(categories, 2) == [[3, 4], [5, 6], [0, 1], [7, 8], [2]]

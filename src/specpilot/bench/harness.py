@@ -17,6 +17,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import zip_longest
 
 from tqdm import tqdm
 
@@ -36,6 +37,21 @@ class PromptRuns:
     """One entry per repeat; each a list with one TurnRun per conversation turn."""
 
 
+def category_batches(categories: list[str], batch_size: int) -> list[list[int]]:
+    """Prompt indices in the order the bench runs them: batches of up to `batch_size` prompts
+    formed within each category (so a category's throughput is measured on batches of its own
+    prompts), the categories taking turns, so that a run stopped part-way has measured each
+    alike."""
+    by_category: dict[str, list[int]] = {}
+    for i, category in enumerate(categories):
+        by_category.setdefault(category, []).append(i)
+    per_category = [
+        [indices[j : j + batch_size] for j in range(0, len(indices), batch_size)]
+        for _, indices in sorted(by_category.items())
+    ]
+    return [batch for turn in zip_longest(*per_category) for batch in turn if batch is not None]
+
+
 def run_methods(
     specs: list[MethodSpec],
     records: list[PromptRecord],
@@ -50,20 +66,11 @@ def run_methods(
 ) -> dict[str, list[PromptRuns]]:
     """Every method on every prompt; `on_prompt_done` sees the finished prompts after each one
     (bench.run rewrites its JSON report there, so an interrupted run keeps what it measured).
-    With batch_size > 1, prompts are decoded in batches formed within each category (so each
-    category's throughput is measured on batches of its own prompts). With a `log`, batches it
-    holds are taken from it and new ones are appended to it (bench.resume)."""
+    Prompts run in `category_batches`' order. With a `log`, batches it holds are taken from it
+    and new ones are appended to it (bench.resume)."""
     methods = {spec.text: make_method(spec, models, hf_models) for spec in specs}
     finished = log.load() if log is not None else {}
-    order = sorted(range(len(records)), key=lambda i: records[i].category)  # stable
-    by_category: dict[str, list[int]] = {}
-    for i in order:
-        by_category.setdefault(records[i].category, []).append(i)
-    batches = [
-        indices[j : j + batch_size]
-        for indices in by_category.values()
-        for j in range(0, len(indices), batch_size)
-    ]
+    batches = category_batches([record.category for record in records], batch_size)
     if any(tuple(batch) not in finished for batch in batches):
         warm = GenerationConfig(max_new_tokens=8, sampling=config.sampling)
         for method in methods.values():  # warm-up: caches, allocator, lazy init; not measured
