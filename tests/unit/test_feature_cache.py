@@ -133,9 +133,21 @@ def test_training_with_the_cache_is_training_without_it(tmp_path):
     for a, b in zip(plain.parameters(), cached.parameters(), strict=True):
         assert torch.allclose(a, b, rtol=0, atol=1e-4)
 
-    def logged(folder):
+    def logged(folder):  # every column but the clock, as numbers
         with (folder / "train_log.csv").open() as log:
-            return [row | {"seconds": None} for row in csv.DictReader(log)]
+            return [
+                {
+                    key: float(value) if value else None
+                    for key, value in row.items()
+                    if key != "seconds"
+                }
+                for row in csv.DictReader(log)
+            ]
 
-    assert logged(tmp_path / "ppow") == logged(tmp_path / "ppow_cached")
+    # The logs agree to their printed digits but the last (the AVX-512-bf16 EPYC rounded one
+    # held-out overlap 0.35676 against 0.35677).
+    for row, cached_row in zip(
+        logged(tmp_path / "ppow"), logged(tmp_path / "ppow_cached"), strict=True
+    ):
+        assert row == pytest.approx(cached_row, rel=1e-4, abs=1e-5)
     assert len(list((tmp_path / "features").glob("*/*.kv.safetensors"))) > 0
