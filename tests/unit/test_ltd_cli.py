@@ -50,6 +50,8 @@ def test_train_writes_a_loadable_folder(trained):
     summary = json.loads((out / "summary.json").read_text())
     assert [s["stage"] for s in summary["stages"]] == ["1-size", "2-depth", "3-size"]
     assert set(summary["ltd"]) == {"both", "depth", "size"}
+    for use, replay in summary["ltd"].items():  # the ceiling of each use is above its policies
+        assert summary["hindsight"][use]["tokens_per_s"] >= replay["tokens_per_s"] - 1e-9
     assert main(argv) == 0  # resuming: every stage is done, nothing is recorded twice
     assert len((out / "train_log.csv").read_text().splitlines()) == len(rows)
 

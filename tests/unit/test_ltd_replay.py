@@ -26,6 +26,7 @@ from specpilot.training.ltd.envs import (
     DepthEnv,
     SizeEnv,
     depth_obs,
+    hindsight_throughput,
     replay_throughput,
     reward,
 )
@@ -158,6 +159,26 @@ def test_replay_throughput_with_policies(log):
     nets = tiny_nets(SHAPE)
     result = replay_throughput(log, cost_model(), Chooser(log, nets.depth, nets.size))
     assert result["tokens_per_s"] > 0 and 1 <= result["depth"] <= SHAPE.max_depth
+
+
+def test_hindsight_throughput_bounds_every_chooser(log):
+    """With one choice it is that static tree's replay; with several it is at least every
+    static tree's and a policy's, and mixes them where the outcome favours each."""
+    cost = cost_model()
+    depths, sizes = range(1, SHAPE.max_depth + 1), (2, 4, 8, 16)
+    statics = []
+    for depth in depths:
+        for size in sizes:
+            static = replay_throughput(log, cost, Chooser(log, fixed_depth=depth, fixed_size=size))
+            alone = hindsight_throughput(log, cost, [depth], [size])
+            assert alone == pytest.approx(static)
+            statics.append(static["tokens_per_s"])
+    bound = hindsight_throughput(log, cost, depths, sizes)
+    assert bound["tokens_per_s"] > max(statics)
+    nets = tiny_nets(SHAPE)
+    policies = replay_throughput(log, cost, Chooser(log, nets.depth, nets.size))
+    grid = [SHAPE.size_of(a) for a in range(SHAPE.size_actions)]
+    assert hindsight_throughput(log, cost, depths, grid)["tokens_per_s"] >= policies["tokens_per_s"]
 
 
 def test_policy_folder_round_trip_and_errors(tmp_path):

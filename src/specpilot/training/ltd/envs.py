@@ -15,6 +15,7 @@ units as in the authors' code, "accepted" (accepted + 1), "time" (− time in 10
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import gymnasium as gym
@@ -186,6 +187,65 @@ def replay_throughput(log: ReplayLog, cost: CostModel, chooser: Chooser) -> dict
         "accepted": accepted_sum / max(cycles, 1),
         "cycles": cycles,
     }
+
+
+def hindsight_throughput(
+    log: ReplayLog, cost: CostModel, depths: Sequence[int], sizes: Sequence[int]
+) -> dict:
+    """The best replay tokens/s that any chooser of (depth, V) among `depths` × `sizes` could
+    reach on `log`, knowing each cycle's outcome beforehand: the ceiling on what a learned
+    chooser with these choices can gain over the best static one (replay_throughput's output,
+    for that trajectory). The ratio Σ tokens / Σ ms over the decoding trajectories is maximised
+    by Dinkelbach's iteration: at a rate λ, a backward pass over each prompt's positions finds
+    the trajectory maximising Σ (tokens − λ·ms); λ becomes its rate until it stops rising."""
+    shape = log.shape
+    choices = sorted({(d, min(v, shape.candidates(d))) for d in depths for v in sizes})
+    depth_of = np.array([d for d, _ in choices])
+    size_of = np.array([v for _, v in choices])
+    ranks = log.path_ranks[:, depth_of - 1, :]  # [positions, choices, path node]
+    tokens = (ranks < size_of[None, :, None]).sum(axis=-1) + 1
+    contexts = [int(c) for c in log.context_len]
+    ms_by_context = {
+        context: [cost.cycle_ms(d, v, context) for d, v in choices] for context in set(contexts)
+    }
+    ms = np.array([ms_by_context[context] for context in contexts])
+    starts = np.flatnonzero(np.r_[True, log.prompt[1:] != log.prompt[:-1]])
+    ends = np.r_[starts[1:], len(log)]
+    rate, best = 0.0, None
+    for _ in range(100):
+        value = tokens - rate * ms
+        chosen = np.zeros(len(log), dtype=np.int64)
+        for start, end in zip(starts, ends, strict=True):
+            future = np.zeros(end - start + 1 + tokens.max())  # 0 past the prompt's last position
+            for p in range(end - 1, start - 1, -1):
+                total = value[p] + future[p - start + tokens[p]]
+                chosen[p] = int(np.argmax(total))
+                future[p - start] = total[chosen[p]]
+        bounds = zip(starts, ends, strict=True)
+        steps = np.concatenate([_trajectory(start, end, tokens, chosen) for start, end in bounds])
+        picks = chosen[steps]
+        found = float(tokens[steps, picks].sum() / ms[steps, picks].sum())
+        if best is not None and found <= rate * (1 + 1e-12):
+            break
+        rate, best = found, (steps, picks)
+    steps, picks = best
+    cycles = len(steps)
+    return {
+        "tokens_per_s": 1000 * rate,
+        "depth": float(depth_of[picks].mean()),
+        "size": float(size_of[picks].mean()),
+        "accepted": float((tokens[steps, picks] - 1).mean()),
+        "cycles": cycles,
+    }
+
+
+def _trajectory(start: int, end: int, tokens: np.ndarray, chosen: np.ndarray) -> np.ndarray:
+    """The positions decoding visits from `start` when each takes its `chosen` choice."""
+    steps, p = [], start
+    while p < end:
+        steps.append(p)
+        p += int(tokens[p, chosen[p]])
+    return np.array(steps, dtype=np.int64)
 
 
 def static_grid(log: ReplayLog, cost: CostModel, sizes=(4, 8, 16, 24, 32, 48, 60, 80, 120)):

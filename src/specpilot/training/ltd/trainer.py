@@ -36,6 +36,7 @@ from specpilot.training.ltd.envs import (
     Chooser,
     DepthEnv,
     SizeEnv,
+    hindsight_throughput,
     replay_throughput,
     static_grid,
 )
@@ -164,7 +165,8 @@ def _summary(train, valid, cost, config, stages, pair) -> dict:
     static (depth, V) on the training positions and the eagle drafter's default depth and node
     count (on the replay's width W, which may differ from the drafter's default top-k). The
     one-policy ablations fall back to those defaults, as `--policy ltd,use=...` does when
-    decoding (the drafter's own depth or node count)."""
+    decoding (the drafter's own depth or node count). `hindsight`: the ceiling of each use,
+    the best a chooser with its choices could do knowing every outcome (hindsight_throughput)."""
     grid = static_grid(train, cost)
     best = max(grid, key=lambda row: row["tokens_per_s"])
     static = {}
@@ -182,8 +184,14 @@ def _summary(train, valid, cost, config, stages, pair) -> dict:
         chooser = Chooser(valid, depth_net, size_net, fixed_depth=DEFAULT_DEPTH,
                           fixed_size=DEFAULT_NODES, check_every=config.check_every)  # fmt: skip
         ltd[use] = replay_throughput(valid, cost, chooser)
+    depths = range(1, valid.shape.max_depth + 1)
+    grid = [valid.shape.size_of(action) for action in range(valid.shape.size_actions)]
+    choices = {"both": (depths, grid), "depth": (depths, [DEFAULT_NODES]),
+               "size": ([DEFAULT_DEPTH], grid)}  # fmt: skip
+    hindsight = {use: hindsight_throughput(valid, cost, *pair) for use, pair in choices.items()}
     return {"config": asdict(config), "positions": {"train": len(train), "valid": len(valid)},
-            "cost_model": cost.source, "stages": stages, "static": static, "ltd": ltd}  # fmt: skip
+            "cost_model": cost.source, "stages": stages, "static": static, "ltd": ltd,
+            "hindsight": hindsight}  # fmt: skip
 
 
 def _run_stage(stage, steps, train, valid, cost, config, nets, csv_log, progress) -> None:
