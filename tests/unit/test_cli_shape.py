@@ -131,7 +131,8 @@ def test_build_engine_takes_a_ready_verify_policy(models):
 def test_without_a_policy_the_goodput_controller_decides(tmp_path, models):
     """The default policy is goodput for the draft model, tree-goodput for eagle trees decoding
     one sequence in float32 on the CPU, constant where a fixed draft length is asked for and for
-    the other drafters (api.default_policy); the CLI resolves a missing --policy the same way."""
+    the other drafters (api.default_policy); the CLI resolves a missing --policy the same way,
+    and adds the eagle tree's lookup branch where api.default_drafter_options does."""
     draft = save_tiny(tmp_path / "draft", seed=1)
     pair = load_models(models.target.path, str(draft), "float32", "cpu", 64)
     assert isinstance(build_engine(pair).planner, GoodputController)
@@ -149,16 +150,21 @@ def test_without_a_policy_the_goodput_controller_decides(tmp_path, models):
     add_model_arguments(parser, max_new_tokens=8)
     add_method_arguments(parser)
     eagle = ["--drafter", "eagle", "--dtype"]
-    for argv, batch, policy in [
-        ([], 1, "goodput"),
-        (["--k", "2"], 1, "constant"),
-        (["--drafter", "ngram"], 1, "constant"),
-        ([*eagle, "float32"], 1, "tree-goodput"),
-        ([*eagle, "float32", "--k", "3"], 1, "constant"),
-        ([*eagle, "float32"], 4, "constant"),
-        ([*eagle, "bfloat16"], 1, "constant"),
-        ([*eagle, "float32", "--device", "cuda"], 1, "constant"),
+    # The eagle tree's default lookup branch (api.default_drafter_options): bf16, one sequence.
+    for argv, batch, policy, lookup in [
+        ([], 1, "goodput", None),
+        (["--k", "2"], 1, "constant", None),
+        (["--drafter", "ngram"], 1, "constant", None),
+        ([*eagle, "float32"], 1, "tree-goodput", None),
+        ([*eagle, "float32", "--k", "3"], 1, "constant", None),
+        ([*eagle, "float32"], 4, "constant", None),
+        ([*eagle, "bfloat16"], 1, "constant", 7),
+        ([*eagle, "bfloat16", "--eagle-lookup", "0"], 1, "constant", 0),
+        ([*eagle, "bfloat16", "--policy", "constant"], 1, "constant", None),
+        ([*eagle, "bfloat16", "--k", "3"], 1, "constant", None),
+        ([*eagle, "bfloat16"], 4, "constant", None),
+        ([*eagle, "float32", "--device", "cuda"], 1, "constant", None),
     ]:
         args = parser.parse_args(argv)
         engine_builder(args, batch=batch)
-        assert args.policy == policy, argv
+        assert (args.policy, args.eagle_lookup) == (policy, lookup), argv

@@ -88,6 +88,20 @@ def test_the_api_sizes_float32_trees_by_goodput_at_batch_1(trained, target):
     assert engine.draft_policy.k == engine.drafter.depth
 
 
+def test_the_api_adds_a_lookup_branch_to_bf16_trees_of_one_sequence(trained, target):
+    """build_engine's default drafter options (api.default_drafter_options): a bf16 target
+    decoding one sequence gets the eagle tree's lookup branch; batches, float32, a named policy
+    and a named lookup do not."""
+    out, _ = trained
+    head = {"head": str(out)}
+    for dtype, batch, lookup in (("bfloat16", 1, 7), ("bfloat16", 2, 0), ("float32", 1, 0)):
+        pair = load_models(str(target), None, dtype, "cpu", 128, batch)
+        assert build_engine(pair, "eagle", drafter_options=head).drafter.lookup == lookup
+    pair = load_models(str(target), None, "bfloat16", "cpu", 128)
+    assert build_engine(pair, "eagle", "constant", head).drafter.lookup == 0
+    assert build_engine(pair, "eagle", drafter_options={**head, "lookup": 2}).drafter.lookup == 2
+
+
 def test_bad_heads_give_one_line_errors(trained, target, tmp_path, capsys):
     out, _ = trained
     base = ["generate", "--target", target, "--drafter", "eagle", "--prompt", "w5", *DTYPE]

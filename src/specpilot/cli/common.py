@@ -13,6 +13,7 @@ from specpilot.api import (
     DEFAULT_TARGET,
     ModelPair,
     build_engine,
+    default_drafter_options,
     default_policy,
     load_models,
 )
@@ -125,7 +126,8 @@ def add_method_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         help="--drafter eagle: also verify up to N tokens copied by prompt lookup (what followed "
         "the last earlier occurrence of the text's final n-gram) as one more tree branch "
-        "(default 0: none)",
+        "(default: 7 with no --policy, --k or --batch-size where the target computes in bf16 on "
+        "the CPU, else 0: none)",
     )
     parser.add_argument(
         "--tree-topk",
@@ -202,11 +204,15 @@ def engine_builder(args: argparse.Namespace, learn: bool = False, batch: int = 1
     """Check the method flags (drafter, policy and their options) before any model is loaded;
     return the draft model to load (None when the drafter needs none) and `build(models)`,
     which makes the engine for `batch` sequences at a time. No --policy: api.default_policy's
-    choice for the target's dtype (as --dtype and --device resolve it) and `batch`."""
+    choice for the target's dtype (as --dtype and --device resolve it) and `batch`, and
+    api.default_drafter_options' lookup branch where no --eagle-lookup is given."""
     if args.policy is None:
         on_cpu = str(args.device).split(":")[0] == "cpu"
         dtype = resolve_dtype(args.dtype, "cpu") if on_cpu else None
         args.policy = default_policy(args.drafter, args.k is not None, dtype, batch)
+        defaults = default_drafter_options(args.drafter, args.k is not None, dtype, batch)
+        if args.eagle_lookup is None:
+            args.eagle_lookup = defaults.get("lookup")
     options = policy_options(args)
     if args.policy in ("sv", "goodput"):  # built with the models; validate before loading
         from specpilot.policies.sv import read_sv_profile
