@@ -154,13 +154,13 @@ def _train(log, cost, out: Path, config: LtdTrainConfig, target, progress) -> di
             best_pair, best_pair_score = dict(nets), score["tokens_per_s"]
     require(best_pair is not None, "no training stage has any steps")
     LtdNets(log.shape, best_pair["depth"], best_pair["size"], target).save(out / "policies")
-    summary = _summary(train, valid, cost, config, stages, best_pair)
+    summary = replay_summary(train, valid, cost, config, stages, best_pair)
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     plot_curves(out / "train_log.csv", out / "curves.png")
     return summary
 
 
-def _summary(train, valid, cost, config, stages, pair) -> dict:
+def replay_summary(train, valid, cost, config, stages, pair) -> dict:
     """Validation replay throughput of the chosen policies next to static trees: the best
     static (depth, V) on the training positions and the eagle drafter's default depth and node
     count (on the replay's width W, which may differ from the drafter's default top-k). The
@@ -185,9 +185,9 @@ def _summary(train, valid, cost, config, stages, pair) -> dict:
                           fixed_size=DEFAULT_NODES, check_every=config.check_every)  # fmt: skip
         ltd[use] = replay_throughput(valid, cost, chooser)
     depths = range(1, valid.shape.max_depth + 1)
-    grid = [valid.shape.size_of(action) for action in range(valid.shape.size_actions)]
-    choices = {"both": (depths, grid), "depth": (depths, [DEFAULT_NODES]),
-               "size": ([DEFAULT_DEPTH], grid)}  # fmt: skip
+    sizes = [valid.shape.size_of(action) for action in range(valid.shape.size_actions)]
+    choices = {"both": (depths, sizes), "depth": (depths, [DEFAULT_NODES]),
+               "size": ([DEFAULT_DEPTH], sizes)}  # fmt: skip
     hindsight = {use: hindsight_throughput(valid, cost, *pair) for use, pair in choices.items()}
     return {"config": asdict(config), "positions": {"train": len(train), "valid": len(valid)},
             "cost_model": cost.source, "stages": stages, "static": static, "ltd": ltd,
