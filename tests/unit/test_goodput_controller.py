@@ -328,8 +328,10 @@ def test_a_new_requests_probe_prices_its_prompt_read_as_plans_do():
     positions accepted 47 % (one drafted token at break-even, so the plan drafts nothing). Plans
     spread that read over the steps rows go on drafting; priced whole, the probe lost 1.6 plain
     steps and came every 158 idle steps, longer than a 64-token request, so the next three
-    requests were not tried. Priced as plans price it, a probe comes within a few idle steps; when
-    finishing a batch, where plans pay a catch-up whole, so does the probe."""
+    requests were not tried. Priced as plans price it, a probe comes within a few idle steps; and
+    so it does when finishing a batch, where plans pay a catch-up whole but a probe still tests
+    drafting for the rest of its request and the ones after (at batch 2 in bf16, priced whole,
+    a probe was due after ~110 idle steps and 48-token requests went undrafted, §10.24)."""
     c = controller(lambda n: 0.497, draft=lambda u: 0.2 * u)
     c.long_run.tested, c.long_run.accepted = [100.0], [47.0]
     c.start.append(0.817)
@@ -338,8 +340,12 @@ def test_a_new_requests_probe_prices_its_prompt_read_as_plans_do():
         policy.opening = False
     plans = [c.plan(policies[:1], [4]) for _ in range(8)]
     assert plans[0] == [0] and [1] in plans
+    fresh = [GoodputPolicy(max_k=4) for _ in range(2)]  # both rows would read their prompt
+    for policy in fresh:
+        policy.opening = False
     c.idle = 0
-    assert all(sum(c.plan(policies, [4, 4], remaining=[40, 40])) == 0 for _ in range(8))
+    plans = [c.plan(fresh, [4, 4], remaining=[40, 40]) for _ in range(40)]  # whole: 181 steps
+    assert plans[0] == [0, 0] and any(sum(plan) == 1 for plan in plans)
 
 
 def test_steps_that_catch_the_drafter_up_teach_the_catch_up_cost_not_draft_time():

@@ -412,7 +412,8 @@ class GoodputController:
             budgets, stop_gain = self._optimal(planned, catch_up, mode)
             budgets = self._deepen(budgets, caps, planned, catch_up, mode)
             self.idle = 0 if any(budgets) else self.idle + 1
-            if self.idle and self.idle >= self._idle_before_probe(probe, forecasts, catch_up, mode):
+            due = self._idle_before_probe(probe, forecasts, policies, catch_up, mode)
+            if self.idle and self.idle >= due:
                 budgets, stop_gain, self.idle = probe, 0.0, 0
         for policy, forecast in zip(policies, forecasts, strict=True):
             policy.prepare(forecast, stop_gain, self.calibration)
@@ -438,6 +439,7 @@ class GoodputController:
         self,
         probe: Sequence[int],
         forecasts: Sequence[Sequence[float]],
+        policies: Sequence[GoodputPolicy],
         catch_up: Sequence[float],
         remaining: Sequence[int] | None,
     ) -> float:
@@ -446,20 +448,25 @@ class GoodputController:
         the 0.5B draft on the AVX2 EPYC), acceptance is not worth learning: probe only every
         MAX_PROBE_GAP steps, to re-time drafting, once the probe's verification size is timed
         RETIME_SAMPLES times (before, at once). Otherwise at once while the batch-wide acceptance is
-        unknown (EXPLORE_SAMPLES), then at probe_gap, with the probing row's catch-up priced as
-        plans price it (`charge`). Priced whole, a request's first probe paid its draft model's read
-        of the whole prompt as a loss: a server at concurrency 1 on the AVX2-only CPU (0.5B draft,
-        prompt read 817 ms, a plain step 497 ms) then probed every 158 idle steps, more than a
-        request's 64, and after one request whose first position was accepted 47 % of the time
-        (where one drafted token is at break-even) it drafted on none of the next three, 0.76 of
-        constant k = 2 over the level (BENCHMARKS §10.20)."""
+        unknown (EXPLORE_SAMPLES), then at probe_gap, with the probing row's catch-up spread over
+        the steps it serves (`charge`, not whole, even when plans finish a batch: a probe tests
+        drafting for the rest of its request and the ones after, not to finish this batch
+        sooner). Priced whole, a request's first probe paid its draft model's read of the whole
+        prompt as a loss: a server at concurrency 1 on the AVX2-only CPU (0.5B draft, prompt read
+        817 ms, a plain step 497 ms) then probed every 158 idle steps, more than a request's 64,
+        and after one request whose first position was accepted 47 % of the time (where one
+        drafted token is at break-even) it drafted on none of the next three, 0.76 of constant
+        k = 2 over the level (BENCHMARKS §10.20); at batch 2 in bf16, where plans finish the
+        batch, a probe was due after ~110 idle steps, and after a rejected spell whole 48-token
+        requests went undrafted (0.964 of constant k = 1, §10.24)."""
         perfect = [[1.0] * len(forecast) for forecast in forecasts]
         if not any(self._optimal(perfect, catch_up, remaining)[0]):
             timed = self.verify.measured(len(forecasts) + round(self.nodes(1)))
             return MAX_PROBE_GAP if timed >= RETIME_SAMPLES else 0
         if self.long_run.tested_at(0) < EXPLORE_SAMPLES:
             return 0
-        return self.probe_gap(probe, forecasts, catch_up)
+        spread = [self.charge(policy, whole=False) for policy in policies]
+        return self.probe_gap(probe, forecasts, spread)
 
     def _deepen(
         self,
