@@ -11,7 +11,7 @@ these sizes), else the median over the replay positions where it was measured wh
 T_verify(n, L) is one target forward over n new tokens after L cached ones, linear in n between
 measured points (beyond the last, along the whole curve's mean slope) and in L between measured
 contexts: from `specpilot profile --out FILE` (its verify_ms curves; profile with --max-verify
-256 to cover the largest trees) or, without one, measured here at a few sizes. Tree-mask
+256 to cover the largest trees) or, without one, measured here (MEASURED_SIZES). Tree-mask
 building and the commit are left out (small next to the target forward).
 """
 
@@ -25,7 +25,15 @@ import numpy as np
 
 from specpilot.policies.latency import interpolate, read_verify_curves
 
-MEASURED_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+MEASURED_SIZES = (
+    *range(1, 66),
+    *(n + e for n in range(80, 257, 16) for e in (0, 1) if n + e <= 256),
+)
+"""Every size to 65, then both sides of each further multiple of 16: a CPU's matrix kernels work
+in blocks of rows, so T_verify steps rather than grows along a line. Measured at powers of two
+and interpolated, the AVX-512-bf16 EPYC's curve said a 17-token verify (a static tree of 16
+nodes) costs 269 ms against 262 at 16; in decoding it cost ~365 ms, against ~225 ms for trees
+of at most 16 tokens, so the replay's best static tree was one that loses (BENCHMARKS §11.6)."""
 MEASURED_CONTEXTS = (128, 512)
 
 
