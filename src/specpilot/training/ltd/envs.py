@@ -248,8 +248,11 @@ def _trajectory(start: int, end: int, tokens: np.ndarray, chosen: np.ndarray) ->
     return np.array(steps, dtype=np.int64)
 
 
-def static_grid(log: ReplayLog, cost: CostModel, sizes=(4, 8, 16, 24, 32, 48, 60, 80, 120)):
-    """Replay tokens/s of every static (depth, V): the best fixed tree on these positions."""
+def static_grid(log: ReplayLog, cost: CostModel, sizes=(*range(1, 33), 48, 60, 80, 120)):
+    """Replay tokens/s of every static (depth, V): the best fixed tree on these positions. Every
+    V to 32: T_verify can step between neighbours (on the AVX-512-bf16 EPYC in bf16, 16
+    candidates and the root cost 1.5x 15 and the root, BENCHMARKS §11.6), so a coarse grid can
+    miss the best static tree by a whole step."""
     results = []
     for depth in range(1, log.shape.max_depth + 1):
         for size in sizes:
