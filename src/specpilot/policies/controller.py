@@ -465,7 +465,9 @@ class GoodputController:
             return MAX_PROBE_GAP if timed >= RETIME_SAMPLES else 0
         if self.long_run.tested_at(0) < EXPLORE_SAMPLES:
             return 0
-        spread = [self.charge(policy, whole=False) for policy in policies]
+        spread = catch_up  # already per step unless plans finish a batch
+        if remaining is not None:
+            spread = [self.charge(policy, whole=False) for policy in policies]
         return self.probe_gap(probe, forecasts, spread)
 
     def _deepen(
