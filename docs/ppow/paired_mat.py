@@ -1,0 +1,68 @@
+"""Paired per-prompt differences in MAT (tokens per verify step) between the methods of one
+`specpilot bench` run at batch 1, from its resumable per-run log (REPORT.runs.jsonl[.gz]):
+for each pair of methods, the mean over prompts of (MAT_a − MAT_b), each prompt's MAT averaged
+over its repeats, ± the standard error of that mean. At T > 0 two methods sample different
+texts, so the pairing is by prompt, not by position.
+
+    python docs/ppow/paired_mat.py docs/ppow/bench_t1ans/heldout_t1.json
+"""
+
+from __future__ import annotations
+
+import gzip
+import itertools
+import json
+import statistics
+import sys
+from pathlib import Path
+
+
+def read_runs(report: Path) -> list[dict]:
+    plain = report.with_name(report.stem + ".runs.jsonl")
+    path = plain if plain.exists() else plain.with_name(plain.name + ".gz")
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as lines:
+        return [json.loads(line) for line in lines][1:]  # the first line is the run's key
+
+
+def prompt_mats(entries: list[dict]) -> dict[str, list[float]]:
+    """Method → each prompt's MAT (mean over repeats of new tokens / verify steps)."""
+    mats: dict[str, list[float]] = {}
+    for entry in entries:
+        require_single(entry)
+        for method, rows in entry["runs"].items():
+            repeats = [turns[0]["stats"] for turns in rows[0]]
+            per_repeat = [
+                sum(r["num_emitted"] for r in stats["records"]) / len(stats["records"])
+                for stats in repeats
+            ]
+            mats.setdefault(method, []).append(statistics.fmean(per_repeat))
+    return mats
+
+
+def require_single(entry: dict) -> None:
+    if len(entry["batch"]) != 1:
+        size = len(entry["batch"])
+        sys.exit(f"error: paired_mat reads batch-1 runs; this one has batches of {size}")
+
+
+def short(method: str) -> str:
+    if "head=" in method:
+        return Path(method.split("head=")[1].split(",")[0]).parent.name
+    return "initial" if method == "sd:drafter=eagle" else method
+
+
+def main(path: str) -> None:
+    mats = prompt_mats(read_runs(Path(path)))
+    drafted = [m for m in mats if m != "ar"]
+    print(f"{len(next(iter(mats.values())))} prompts")
+    for method in drafted:
+        print(f"MAT {short(method)}: {statistics.fmean(mats[method]):.3f}")
+    for a, b in itertools.combinations(drafted, 2):
+        diffs = [x - y for x, y in zip(mats[a], mats[b], strict=True)]
+        error = statistics.stdev(diffs) / len(diffs) ** 0.5
+        print(f"{short(a)} − {short(b)}: {statistics.fmean(diffs):+.3f} ± {error:.3f}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
