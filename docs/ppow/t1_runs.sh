@@ -3,7 +3,7 @@
 # target *sampled* at T = 1, from SmolLM2's committed head. The answers (499 prompts, float32,
 # each prompt with its own seed) are docs/ppow/data/smol_t1_answers.jsonl.gz; all three runs
 # share one --feature-cache folder (the target's taps, last hidden states and, for PPOW's
-# rollouts, KV caches: ~10 GB). Resumable: re-run it after an interruption. One thread each
+# rollouts, KV caches: ~5 GB). Resumable: re-run it after an interruption. One thread each
 # (two runs side by side on two cores); OUT (default ppow_t1, from the repository root) holds
 # ppow/, distill/, no-adaw/ and features/.
 set -eu
