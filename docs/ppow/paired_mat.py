@@ -16,28 +16,35 @@ import statistics
 import sys
 from pathlib import Path
 
+from specpilot.bench.resume import runs_path
+from specpilot.engine.stats import GenerationStats
+from specpilot.types import StepRecord
+
 
 def read_runs(report: Path) -> list[dict]:
-    plain = report.with_name(report.stem + ".runs.jsonl")
-    path = plain if plain.exists() else plain.with_name(plain.name + ".gz")
+    plain = runs_path(report)
+    path = plain if plain.exists() else plain.with_name(plain.name + ".gz")  # as committed
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt") as lines:
         return [json.loads(line) for line in lines][1:]  # the first line is the run's key
 
 
 def prompt_mats(entries: list[dict]) -> dict[str, list[float]]:
-    """Method → each prompt's MAT (mean over repeats of new tokens / verify steps)."""
+    """Method → each prompt's MAT (mean over its repeats of GenerationStats' MAT)."""
     mats: dict[str, list[float]] = {}
     for entry in entries:
         require_single(entry)
         for method, rows in entry["runs"].items():
-            repeats = [turns[0]["stats"] for turns in rows[0]]
-            per_repeat = [
-                sum(r["num_emitted"] for r in stats["records"]) / len(stats["records"])
-                for stats in repeats
-            ]
+            per_repeat = [mat(turns[0]["stats"]["records"]) for turns in rows[0]]
             mats.setdefault(method, []).append(statistics.fmean(per_repeat))
     return mats
+
+
+def mat(records: list[dict]) -> float:
+    stats = GenerationStats()
+    for record in records:
+        stats.add(StepRecord(**record))
+    return stats.mean_accepted_tokens
 
 
 def require_single(entry: dict) -> None:
