@@ -185,6 +185,8 @@ class GoodputPolicy:
     """Steps this row has drafted in a row, up to its last (0: it did not draft on it)."""
     drafted_steps: int = field(default=0, init=False, repr=False)
     """Steps this request has drafted on, over all its spells."""
+    planned: bool = field(default=False, init=False, repr=False)
+    """Whether a plan, not only probes, has had this request draft (`start_horizon`)."""
 
     @property
     def drafted_last(self) -> bool:
@@ -199,7 +201,7 @@ class GoodputPolicy:
     def reset(self) -> None:
         self.acceptance = AcceptanceByPosition(self.memory)
         self.spell = self.drafted_steps = 0
-        self.drafted_ever = False
+        self.drafted_ever = self.planned = False
         self.opening = True
         self.prepare([], 0.0, None)
 
@@ -270,6 +272,23 @@ def bottleneck_forecast(
     ]
 
 
+def finishing_catch_up(
+    catch_up: Sequence[float], serves: Sequence[float] | None, budgets: Sequence[int], steps: float
+) -> float:
+    """Catch-up seconds a plan that finishes its batch in `steps` steps is charged: each drafting
+    row's whole, or more for one expected to serve fewer steps than that (`serves`, None: none
+    is): its whole times steps / serves. A plan's saving accrues over all its steps, but a start
+    is repaid only over the steps its request goes on drafting, and where drafting is near
+    break-even the controller stops within a few: at batch 8 in bf16 it started all eight rows
+    (the 0.5B reading eight prompts, 0.83 s) for 8 to 13 steps of drafting, or for one, and lost
+    3-7 % of plain decoding's time each time (BENCHMARKS §10.25-10.26)."""
+    total = 0.0
+    for q, budget in enumerate(budgets):
+        if budget and catch_up[q]:
+            total += catch_up[q] * (max(steps / serves[q], 1.0) if serves is not None else 1.0)
+    return total
+
+
 class GoodputController:
     """Plans each step's per-row draft budgets (module docstring). One per engine: what it
     learns about the machine and the drafter carries over from request to request.
@@ -304,8 +323,10 @@ class GoodputController:
     steps that pay them and charged to plans that have a row catch up (`charge`): when
     maximising tokens per second, spread over the steps they serve, so a large batch does not
     pay sixteen prompts' catch-up for one step of drafting that does not pay; whole when
-    finishing a batch. A resume serves one spell (`horizon`); a start serves every step its
-    request drafts on, later spells included (`start_horizon`).
+    finishing a batch, and a start more when it is expected to serve fewer steps than the plan
+    takes (`finishing_catch_up`). A resume serves one spell (`horizon`); a start serves every
+    step its request drafts on, later spells included (`start_horizon`: requests a plan started;
+    one that only probed was a test).
 
     Openings: a request's first step drafts the answer's first token, which a draft model
     predicts far worse than the tokens after it: with the 0.5B draft at batch 4, constant k = 1
@@ -361,13 +382,14 @@ class GoodputController:
 
     def retire(self, policy: DraftPolicy) -> None:
         """A row's request has ended: the spell it was drafting in ends with it (`horizon`), and
-        the steps it drafted on in all are what a start served (`start_horizon`). Each request
+        the steps it drafted on in all are what a start served (`start_horizon`), if a plan
+        started it: a request that only probes was a test, not a start a plan chose. Each request
         decodes with its own copy of the policy, so this is the only place they are seen."""
         if not isinstance(policy, GoodputPolicy):
             return
         if policy.spell:
             self.spells.append(policy.spell)
-        if policy.drafted_steps:
+        if policy.planned:
             self.lifetimes.append(policy.drafted_steps)
 
     def plan(
@@ -395,8 +417,10 @@ class GoodputController:
             for policy, cap in zip(policies, caps, strict=True)
         ]
         catch_up = [self.charge(policy, whole=finish) for policy in policies]
+        serves = self._serves(policies) if finish else None
         probe = self._probe(forecasts, policies)
-        if not self.draft.points():
+        probing = not self.draft.points()
+        if probing:
             budgets, stop_gain = probe, 0.0
         else:
             mode = remaining if finish else None
@@ -409,15 +433,25 @@ class GoodputController:
                         for policy, forecast in zip(policies, forecasts, strict=True)
                     ],
                 )
-            budgets, stop_gain = self._optimal(planned, catch_up, mode)
-            budgets = self._deepen(budgets, caps, planned, catch_up, mode)
+            budgets, stop_gain = self._optimal(planned, catch_up, mode, serves)
+            budgets = self._deepen(budgets, caps, planned, catch_up, mode, serves)
             self.idle = 0 if any(budgets) else self.idle + 1
             due = self._idle_before_probe(probe, forecasts, policies, catch_up, mode)
-            if self.idle and self.idle >= due:
+            probing = bool(self.idle and self.idle >= due)
+            if probing:
                 budgets, stop_gain, self.idle = probe, 0.0, 0
         for policy, forecast in zip(policies, forecasts, strict=True):
             policy.prepare(forecast, stop_gain, self.calibration)
-        return self._remember(policies, budgets)
+        return self._remember(policies, budgets, probing)
+
+    def _serves(self, policies: Sequence[GoodputPolicy]) -> list[float] | None:
+        """When plans finish a batch: the steps each row's catch-up is expected to serve, a
+        start's the steps recent requests that a plan started drafted on in all
+        (`start_horizon`), a resume's unbounded (charged whole, it is a few tokens' read); None
+        before any such request has ended (every catch-up whole). See `finishing_catch_up`."""
+        if not self.lifetimes:
+            return None
+        return [math.inf if policy.drafted_ever else self.start_horizon() for policy in policies]
 
     def _counted_in(self, policy: GoodputPolicy) -> AcceptanceByPosition:
         """The estimate a row's forecast rests on: the opening one at its request's first step,
@@ -429,10 +463,11 @@ class GoodputController:
         forecasts: Sequence[Sequence[float]],
         catch_up: Sequence[float],
         remaining: Sequence[int] | None,
+        serves: Sequence[float] | None = None,
     ) -> tuple[list[int], float]:
-        """finish_plan with rows' `remaining` tokens, else best_plan."""
+        """finish_plan with rows' `remaining` tokens (and what catch-ups serve), else best_plan."""
         if remaining is not None:
-            return self.finish_plan(forecasts, catch_up, remaining)
+            return self.finish_plan(forecasts, catch_up, remaining, serves)
         return self.best_plan(forecasts, catch_up)
 
     def _idle_before_probe(
@@ -477,6 +512,7 @@ class GoodputController:
         forecasts: Sequence[Sequence[float]],
         catch_up: Sequence[float],
         remaining: Sequence[int] | None,
+        serves: Sequence[float] | None = None,
     ) -> list[int]:
         """One drafting row drafts one position past its plan while the long-run estimate has
         fewer than EXPLORE_SAMPLES tests of that position, if that position could pay: the plan
@@ -492,11 +528,11 @@ class GoodputController:
         for q, (budget, cap) in enumerate(zip(budgets, caps, strict=True)):
             if 0 < budget < cap and self.long_run.tested_at(budget) < EXPLORE_SAMPLES:
                 if value is None:
-                    value = self.plan_value(budgets, forecasts, catch_up, remaining)
+                    value = self.plan_value(budgets, forecasts, catch_up, remaining, serves)
                 deeper = [b + (r == q) for r, b in enumerate(budgets)]
                 sure = list(forecasts)
                 sure[q] = [*forecasts[q][:budget], 1.0]
-                if self.plan_value(deeper, sure, catch_up, remaining) > value:
+                if self.plan_value(deeper, sure, catch_up, remaining, serves) > value:
                     return deeper
         return budgets
 
@@ -506,20 +542,22 @@ class GoodputController:
         forecasts: Sequence[Sequence[float]],
         catch_up: Sequence[float],
         remaining: Sequence[int] | None = None,
+        serves: Sequence[float] | None = None,
     ) -> float:
         """What a plan is worth by the objective plans are chosen by, higher better: tokens per
         second (best_plan), or, with rows' `remaining` tokens, minus the expected seconds until
-        the last row finishes (finish_plan); `catch_up` as each charges it (`charge`)."""
+        the last row finishes (finish_plan); `catch_up` as each charges it (`charge`,
+        `finishing_catch_up`)."""
         other = self.other_seconds()
         units = max(budgets, default=0) if self.joint else sum(budgets)
         fed = len(budgets) + sum(self.nodes(k) for k in budgets)
         step = other + self.draft(units) + self.verify(fed)
         emitted = [1.0 + expected_accepted(f, k) for f, k in zip(forecasts, budgets, strict=True)]
-        catching_up = sum(c for c, k in zip(catch_up, budgets, strict=True) if k)
         if remaining is None:
+            catching_up = sum(c for c, k in zip(catch_up, budgets, strict=True) if k)
             return sum(emitted) / (step + catching_up)
         steps = max(r / e for r, e in zip(remaining, emitted, strict=True))
-        return -(step * steps + catching_up)
+        return -(step * steps + finishing_catch_up(catch_up, serves, budgets, steps))
 
     def other_seconds(self) -> float:
         """T_other: the median of a step's seconds outside drafting and the target forward."""
@@ -598,7 +636,7 @@ class GoodputController:
             budgets[chosen] = 1
         return budgets
 
-    def _remember(self, policies: Sequence, budgets: list[int]) -> list[int]:
+    def _remember(self, policies: Sequence, budgets: list[int], probing: bool = False) -> list[int]:
         """Note which rows draft now, and how many of them start or resume: a step where rows
         catch up times that catch-up as well as drafting, so it teaches the catch-up cost, not
         T_draft (`observe`). Otherwise the idle spells that follow an expensive sample would make
@@ -616,6 +654,7 @@ class GoodputController:
             policy.spell = policy.spell + 1 if budget else 0
             policy.drafted_steps += budget > 0
             policy.drafted_ever = policy.drafted_ever or budget > 0
+            policy.planned = policy.planned or (budget > 0 and not probing)
         return budgets
 
     def best_plan(
@@ -677,17 +716,19 @@ class GoodputController:
         forecasts: Sequence[Sequence[float]],
         catch_up: Sequence[float],
         remaining: Sequence[int],
+        serves: Sequence[float] | None = None,
     ) -> tuple[list[int], float]:
         """The budgets minimising the expected time until the batch's last row finishes, when
         the caller waits for it (docs/methods.md §7.5): a step's cost times the most steps any
         row still needs (its remaining tokens over its expected tokens per step, 1 + E[N]),
-        plus the one-time catch-up of each row that starts drafting. Tokens a row that is ahead
-        gains are worth nothing then, and a batch whose slowest row accepts little is better
-        decoded plainly, which tokens per second (best_plan) cannot see. The forecasts are taken
-        as exact: `plan` first lowers them to what the slowest of the rows is expected to see
-        (bottleneck_forecast). Candidates: from no drafting, add a position to the row that
-        needs the most steps, until that row can draft no further. Returns the budgets and the
-        gain a drafted position must bring (as best_plan's, at the bottleneck row's rate)."""
+        plus the one-time catch-up of each row that starts drafting (`finishing_catch_up`, with
+        the steps each `serves`). Tokens a row that is ahead gains are worth nothing then, and a
+        batch whose slowest row accepts little is better decoded plainly, which tokens per
+        second (best_plan) cannot see. The forecasts are taken as exact: `plan` first lowers
+        them to what the slowest of the rows is expected to see (bottleneck_forecast).
+        Candidates: from no drafting, add a position to the row that needs the most steps, until
+        that row can draft no further. Returns the budgets and the gain a drafted position must
+        bring (as best_plan's, at the bottleneck row's rate)."""
         rows = len(forecasts)
         other = self.other_seconds()
         limit = 2 * self.verify.points()[-1][0]
@@ -699,7 +740,7 @@ class GoodputController:
         steps = [float(r) for r in remaining]
         best = (other + self.verify(rows)) * max(steps)
         best_budgets, best_step = list(budgets), other + self.verify(rows)
-        fed, resuming, added = float(rows), 0.0, 0
+        fed, added = float(rows), 0
         while True:
             q = max(range(rows), key=steps.__getitem__)
             if budgets[q] == len(forecasts[q]):
@@ -710,11 +751,10 @@ class GoodputController:
             if fed > limit and added > rows:
                 break
             steps[q] = remaining[q] / emitted[q][budgets[q]]
-            if budgets[q] == 1:
-                resuming += catch_up[q]
             units = max(budgets) if self.joint else sum(budgets)
             step = other + self.draft(units) + self.verify(fed)
-            seconds = step * max(steps) + resuming
+            most = max(steps)
+            seconds = step * most + finishing_catch_up(catch_up, serves, budgets, most)
             if seconds < best:
                 best, best_budgets, best_step = seconds, list(budgets), step
         if not any(best_budgets):
