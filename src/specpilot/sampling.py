@@ -60,3 +60,8 @@ def entropy(logits: torch.Tensor) -> torch.Tensor:
     """Entropy in nats of softmax(logits) (temperature 1), over the last dimension."""
     logp = _as_float(logits).log_softmax(-1)
     return -(logp.exp() * logp).sum(-1)
+
+
+def top_probability(logits: torch.Tensor) -> float:
+    """The largest probability of softmax(logits) (temperature 1): a distribution's confidence."""
+    return float(_as_float(logits).softmax(-1).max())

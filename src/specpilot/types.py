@@ -118,3 +118,6 @@ class StepRecord:
     node for a tree)."""
     policy_s: float = 0.0
     """Seconds a learned draft policy spent deciding (LTD), part of draft_s."""
+    target_confidence: float | None = None
+    """The target's top probability (T = 1) at the step's first verified position, where a
+    planner reads it (the goodput controller forecasts acceptance from it); None elsewhere."""

@@ -716,3 +716,44 @@ def test_first_steps_are_learned_apart_from_the_rest_of_a_request():
     c.observe([0], [idle], 0.0, 1.0, 1.0)
     policy.observe(idle)
     assert c.plan([policy], [1]) == [1]  # and the step after it drafts
+
+
+def test_the_target_confidence_forecasts_a_row_before_it_drafts():
+    """A row's running target confidence (read from its verified steps) refines the first
+    position's batch-wide acceptance, learned from drafting steps by the confidence each row had
+    when they were planned: at batch 2, where drafting pays only when both rows accept well,
+    two rows the target is sure of draft and a pair with one unsure row decodes plainly."""
+    c = controller(lambda n: 0.2 + 0.002 * n, draft=lambda u: 0.08 * u)
+    sure, unsure = GoodputPolicy(max_k=1), GoodputPolicy(max_k=1)
+    for policy in (sure, unsure):
+        policy.opening = False
+    for confidence in (1.0, 0.98, 0.96, 0.97):
+        sure.observe(StepRecord(0, 0, 0, 1, 0.0, 0.2, 9, 0, target_confidence=confidence))
+    assert sure.target_confidence == pytest.approx(0.9822, abs=1e-4)  # 0.75 kept per step
+    unsure.observe(StepRecord(0, 0, 0, 1, 0.0, 0.2, 9, 0, target_confidence=0.35))
+    assert unsure.target_confidence == 0.35
+    for _ in range(40):  # drafting steps planned at each confidence, and their outcomes
+        c._remember([sure, unsure], [1, 1])
+        records = [StepRecord(1, 1, a, 1 + a, 0.1, 0.2, 9, 1) for a in (1, 0)]
+        c.observe([1, 1], records, 0.1, 0.2, 0.3)
+    prior = [0.7]
+    assert c.row_prior(prior, sure)[0] > 0.9 and c.row_prior(prior, unsure)[0] < 0.1
+    assert c.row_prior(prior, GoodputPolicy()) == prior  # no confidence yet: the batch-wide
+    twin = GoodputPolicy(max_k=1)
+    twin.opening, twin.target_confidence = False, sure.target_confidence
+    for policy in (sure, unsure, twin):
+        policy.spell, policy.drafted_ever = 1, True  # caught up: no catch-up charged
+    assert c.plan([sure, twin], [1, 1], remaining=[40, 40]) == [1, 1]
+    assert c.plan([sure, unsure], [1, 1], remaining=[40, 40]) == [0, 0]
+
+
+def test_steps_carry_the_target_confidence_where_a_planner_reads_it(tmp_path):
+    target = save_tiny(tmp_path / "target", seed=0)
+    draft = save_tiny(tmp_path / "draft", seed=1)
+    models = load_models(str(target), str(draft), "float32", "cpu", 64, batch_size=2)
+    config = GenerationConfig(max_new_tokens=6)
+    for policy, planned in (("goodput", True), ("constant", False)):
+        engine = build_engine(models, "model", policy=policy)
+        records = engine.generate_batch([[5, 6, 7], [8, 9]], config)[0].stats.records
+        confidences = [record.target_confidence for record in records]
+        assert all(0.0 < x <= 1.0 for x in confidences) if planned else set(confidences) == {None}

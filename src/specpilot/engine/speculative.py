@@ -38,6 +38,7 @@ from specpilot.models.synced_cache import sync
 from specpilot.policies.base import BatchPlanner, DraftPolicy, VerifyPolicy
 from specpilot.policies.draft import ConstantPolicy
 from specpilot.policies.verify import VerifyAll
+from specpilot.sampling import top_probability
 from specpilot.types import Proposal, StepRecord
 from specpilot.verify.rules import verify
 from specpilot.verify.tree import verify_tree
@@ -255,6 +256,7 @@ class SpeculativeEngine:
                 context_len=len(row.sequence),
                 num_nodes=proposal.k,
                 policy_s=self._policy_seconds(row.policy),
+                target_confidence=None if self.planner is None else top_probability(row_logits[0]),
             )
             records.append(record)
             row.stats.add(record)
