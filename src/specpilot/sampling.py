@@ -63,5 +63,7 @@ def entropy(logits: torch.Tensor) -> torch.Tensor:
 
 
 def top_probability(logits: torch.Tensor) -> float:
-    """The largest probability of softmax(logits) (temperature 1): a distribution's confidence."""
-    return float(_as_float(logits).softmax(-1).max())
+    """The largest probability of softmax(logits) (temperature 1): a distribution's confidence
+    (exp(max − logsumexp): two passes over the vocabulary, without softmax's third)."""
+    values = _as_float(logits)
+    return float((values.max(-1).values - values.logsumexp(-1)).exp())

@@ -81,6 +81,8 @@ class ScriptedPlanner:
     every fourth step no row drafts. Records what it planned, and the rows' remaining tokens
     it was told."""
 
+    reads_target_confidence = False
+
     def __init__(self) -> None:
         self.step = 0
         self.plans: list[list[int]] = []

@@ -755,5 +755,22 @@ def test_steps_carry_the_target_confidence_where_a_planner_reads_it(tmp_path):
     for policy, planned in (("goodput", True), ("constant", False)):
         engine = build_engine(models, "model", policy=policy)
         records = engine.generate_batch([[5, 6, 7], [8, 9]], config)[0].stats.records
-        confidences = [record.target_confidence for record in records]
-        assert all(0.0 < x <= 1.0 for x in confidences) if planned else set(confidences) == {None}
+        read = [record.target_confidence for record in records if record.target_confidence]
+        assert all(0.0 < x <= 1.0 for x in read) and bool(read) == planned
+
+
+def test_the_target_confidence_is_not_read_where_drafting_cannot_pay():
+    """Reading it costs a pass over the vocabulary per row; where even drafts that are always
+    accepted would not pay, no forecast matters."""
+    c = controller(lambda n: 0.1 * n, draft=lambda u: 0.5 * u)
+    assert c.reads_target_confidence  # nothing planned yet
+    for _ in range(EXPLORE_SAMPLES):
+        c.long_run.add(1, 1)
+    policies = [GoodputPolicy(max_k=2) for _ in range(2)]
+    for policy in policies:
+        policy.opening = False
+    c.plan(policies, [2, 2], remaining=[40, 40])
+    assert c.hopeless and not c.reads_target_confidence
+    cheap = controller(lambda n: 0.1, draft=lambda u: 0.001 * u)
+    cheap.plan(policies, [2, 2], remaining=[40, 40])
+    assert cheap.reads_target_confidence

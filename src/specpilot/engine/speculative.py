@@ -228,6 +228,7 @@ class SpeculativeEngine:
         ]
         verify_s = time.perf_counter() - verify_start
         observe = getattr(self.drafter, "observe", None)
+        confident = self.planner is not None and self.planner.reads_target_confidence
         records = []
         for row, proposal, result, num_drafted, row_logits, row_features in zip(
             rows, proposals, results, drafted, logits, features, strict=True
@@ -256,7 +257,7 @@ class SpeculativeEngine:
                 context_len=len(row.sequence),
                 num_nodes=proposal.k,
                 policy_s=self._policy_seconds(row.policy),
-                target_confidence=None if self.planner is None else top_probability(row_logits[0]),
+                target_confidence=top_probability(row_logits[0]) if confident else None,
             )
             records.append(record)
             row.stats.add(record)

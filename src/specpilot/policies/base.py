@@ -81,6 +81,10 @@ class BatchPlanner(Protocol):
     once, before drafting (the goodput controller). A budget depends only on the past, so any
     plan is lossless (docs/methods.md §1.2)."""
 
+    reads_target_confidence: bool
+    """Whether the next step's records are to carry the target's confidence
+    (`StepRecord.target_confidence`, a pass over the vocabulary per row)."""
+
     def plan(
         self, policies: list[DraftPolicy], caps: list[int], remaining: list[int] | None = None
     ) -> list[int]:
