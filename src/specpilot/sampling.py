@@ -63,7 +63,7 @@ def entropy(logits: torch.Tensor) -> torch.Tensor:
 
 
 def top_probability(logits: torch.Tensor) -> float:
-    """The largest probability of softmax(logits) (temperature 1): a distribution's confidence
-    (exp(max − logsumexp): two passes over the vocabulary, without softmax's third)."""
-    values = _as_float(logits)
-    return float((values.max(-1).values - values.logsumexp(-1)).exp())
+    """The largest probability of softmax(logits) (temperature 1): a distribution's confidence.
+    By softmax, not exp(max − logsumexp): a verify step's row of logits is a strided view, on
+    which logsumexp took 1.5 ms against softmax's 0.13 (1.5B target, 151,936 ids, CPU)."""
+    return float(_as_float(logits).softmax(-1).max())
