@@ -247,10 +247,11 @@ class GoodputPolicy:
         return True
 
     def observe(self, record: StepRecord) -> None:
-        if record.target_confidence is not None:
-            kept = TARGET_CONFIDENCE_MEMORY if self.target_confidence is not None else 0.0
+        seen = record.target_confidence
+        if seen is not None:
+            old = seen if self.target_confidence is None else self.target_confidence
             self.target_confidence = (
-                kept * (self.target_confidence or 0.0) + (1 - kept) * record.target_confidence
+                TARGET_CONFIDENCE_MEMORY * old + (1 - TARGET_CONFIDENCE_MEMORY) * seen
             )
         if not self.opening:  # the answer's first token says little of the rest (Openings)
             self.acceptance.add(record.num_verified, record.num_accepted)
@@ -498,7 +499,8 @@ class GoodputController:
         before any such request has ended (every catch-up whole). See `finishing_catch_up`."""
         if not self.lifetimes:
             return None
-        return [math.inf if policy.drafted_ever else self.start_horizon() for policy in policies]
+        start = self.start_horizon()
+        return [math.inf if policy.drafted_ever else start for policy in policies]
 
     def _counted_in(self, policy: GoodputPolicy) -> AcceptanceByPosition:
         """The estimate a row's forecast rests on: the opening one at its request's first step,
