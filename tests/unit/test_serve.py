@@ -185,8 +185,20 @@ def long_prompt(solo) -> str:
     pytest.skip("no prompt of the tiny model runs 100 tokens without EOS")
 
 
-def test_disconnect_mid_stream_frees_the_slot(server, solo):
+def test_disconnect_mid_stream_frees_the_slot(server, solo, monkeypatch):
     prompt = long_prompt(solo)
+    scheduler = server.app.state.worker.scheduler
+    step = scheduler.step
+
+    def step_until_cancelled():
+        """Each step waits (up to 10 s) for the disconnect to cancel the running request, so
+        a fast machine cannot finish all 100 tokens before the server notices the client left."""
+        step()
+        deadline = time.monotonic() + 10
+        while any(not r.cancelled for r in scheduler.active) and time.monotonic() < deadline:
+            time.sleep(0.005)
+
+    monkeypatch.setattr(scheduler, "step", step_until_cancelled)
     body = {"model": MODEL, "messages": messages(prompt), "temperature": 0, "stream": True}
     body["max_tokens"] = 100
     with httpx.stream("POST", server.url + "/v1/chat/completions", json=body) as response:
