@@ -34,14 +34,22 @@ from specpilot.policies.latency import LatencyCurve
 from specpilot.types import StepRecord
 
 
-def controller(verify, draft=lambda u: 1e-9 * u, joint=True, other=0.0) -> GoodputController:
+def controller(
+    verify, draft=lambda u: 1e-9 * u, joint=True, other=0.0, forward=None
+) -> GoodputController:
     """A controller that has learned T_verify = verify(n) for n = 1..300, T_draft = draft(u)
-    for u = 1..16 (a time of 0 is not a sample) and `other` seconds per step."""
+    for u = 1..16 (a time of 0 is not a sample; joint: a forward over any rows costs draft(1))
+    or, joint with `forward`, a forward over r rows forward(r) for r = 1..8, and `other`
+    seconds per step."""
     c = GoodputController(joint=joint)
     for n in range(1, 301):
         c.verify.add(n, verify(n))
-    for u in range(1, 17):
-        c.draft.add(u, draft(u))
+    if forward is None:
+        for u in range(1, 17):
+            c.draft.add([u], draft(u))
+    else:
+        for r in range(1, 9):
+            c.draft.add([1] * r, forward(r))
     c.other.append(other)
     return c
 
@@ -50,9 +58,8 @@ def goodput(c: GoodputController, forecasts, budgets) -> float:
     """G of a plan, computed directly from its definition."""
     rows = len(budgets)
     expected = rows + sum(expected_accepted(f, k) for f, k in zip(forecasts, budgets, strict=True))
-    units = max(budgets) if c.joint else sum(budgets)
     fed = rows + sum(c.nodes(k) for k in budgets)
-    return expected / (c.other[0] + c.draft(units) + c.verify(fed))
+    return expected / (c.other[0] + c.draft(budgets) + c.verify(fed))
 
 
 def test_picks_zero_when_verification_is_dear_and_acceptance_low():
@@ -100,6 +107,47 @@ def test_plan_is_the_best_of_all_plans(joint):
             for d in range(len(forecasts[2]) + 1)
         )
         assert goodput(c, forecasts, plan) == pytest.approx(best, rel=1e-9), (trial, plan)
+
+
+def test_plan_is_the_best_of_all_plans_when_a_joint_forward_costs_by_rows():
+    """The same, with a joint draft forward costing more the more rows it serves (as the 0.5B
+    draft's: 63 ms for one row, 81 for eight): the scan per common depth still finds the best."""
+    rng = random.Random(1)
+    for trial in range(30):
+        slope, first = rng.choice([1e-4, 2e-3, 1e-2]), rng.choice([1e-3, 5e-3, 2e-2])
+        per_row = rng.choice([0.03, 0.2, 1.0]) * first
+        forward = lambda r, f=first, p=per_row: f + p * (r - 1)  # noqa: E731
+        c = controller(lambda n, s=slope: 0.01 + s * n, forward=forward)
+        forecasts = [
+            sorted((rng.random() for _ in range(rng.randint(0, 3))), reverse=True) for _ in range(3)
+        ]
+        plan = c.best_plan(forecasts)[0]
+        best = max(
+            goodput(c, forecasts, [a, b, d])
+            for a in range(len(forecasts[0]) + 1)
+            for b in range(len(forecasts[1]) + 1)
+            for d in range(len(forecasts[2]) + 1)
+        )
+        assert goodput(c, forecasts, plan) == pytest.approx(best, rel=1e-9), (trial, plan)
+
+
+def test_joint_draft_cost_is_one_forward_per_position_over_the_rows_still_drafting():
+    """T_draft of a joint drafter: Σ over positions of F(rows drafting that position), F learned
+    per rows a forward serves, so one-row probes do not unlearn what eight rows cost."""
+    c = GoodputController(joint=True)
+    assert not c.draft.timed and c.draft([2, 2]) == 0.0  # unknown: optimistic, then timed
+    for _ in range(3):
+        c.draft.add([1] * 8, 0.081)
+        c.draft.add([1] + [0] * 7, 0.063)
+        c.draft.add([0, 1] + [0] * 6, 0.063)
+    assert c.draft([1] * 8) == pytest.approx(0.081)
+    assert c.draft([1] + [0] * 7) == pytest.approx(0.063)
+    assert c.draft([2] * 8) == pytest.approx(2 * 0.081)
+    assert c.draft([2, 1, 0, 0]) == pytest.approx(c.draft.forward(2) + 0.063)
+    # beyond the rows timed, the slope over them (the 0.5B's sixteen rows: 104 ms measured)
+    assert c.draft([1] * 16) == pytest.approx(0.081 + 8 * 0.018 / 7)
+    c.draft.add([3, 3, 0], 3 * 0.065)  # a step: its mean rows per forward, its time per forward
+    assert c.draft.curve.measured(2) == 1
 
 
 def test_joint_drafting_cost_follows_the_deepest_budget():
@@ -276,7 +324,7 @@ def test_first_step_is_plain_and_idle_steps_lead_to_a_probe():
     policies = [GoodputPolicy(max_k=4) for _ in range(2)]
     assert c.plan(policies, [4, 4]) == [0, 0]  # nothing measured: the plain step first
     c.observe([0, 0], [StepRecord(0, 0, 0, 1, 0.0, 0.0, 5, 0)] * 2, 0.0, 1.0, 1.0)
-    c.draft.add(1, 0.5)  # drafting does not pay (it would if every draft were accepted)
+    c.draft.add([1], 0.5)  # drafting does not pay (it would if every draft were accepted)
     c.long_run.tested = [EXPLORE_SAMPLES]  # and the acceptance is known
     c.long_run.accepted = [EXPLORE_SAMPLES / 2]
     c.probe_share = 0.2
@@ -292,10 +340,10 @@ def test_probes_are_frequent_where_drafting_nearly_pays():
     c.verify.add(1, 1.0)
     c.verify.add(2, 1.0)
     probe, catch_up = [1], [0.0]
-    c.draft.add(1, 0.6)  # 1.5 tokens in 1.6 s: loses 0.1 of a plain step
+    c.draft.add([1], 0.6)  # 1.5 tokens in 1.6 s: loses 0.1 of a plain step
     assert c.probe_gap(probe, [[0.5]], catch_up) == pytest.approx((1.6 - 1.5) / 0.01)
-    c.draft.add(1, 2.0)
-    c.draft.add(1, 2.0)  # far off: 1.5 tokens in 3 s, 1.5 plain steps lost, rare
+    c.draft.add([1], 2.0)
+    c.draft.add([1], 2.0)  # far off: 1.5 tokens in 3 s, 1.5 plain steps lost, rare
     assert c.probe_gap(probe, [[0.5]], catch_up) == pytest.approx((3.0 - 1.5) / 0.01)
     c.probe_share = 0.001
     assert c.probe_gap(probe, [[0.5]], catch_up) == MAX_PROBE_GAP
@@ -362,13 +410,13 @@ def test_steps_that_catch_the_drafter_up_teach_the_catch_up_cost_not_draft_time(
     first = c.plan(policies, [4])
     assert first == [1] and c.starting == 1  # T_draft unknown: a one-token probe
     c.observe(first, [record], draft_s=5.0, verify_s=1.0, step_s=6.0)  # the prompt's catch-up
-    assert c.draft.measured(1) == 0 and list(c.start) == [5.0] and not c.resume
+    assert c.draft.curve.measured(1) == 0 and list(c.start) == [5.0] and not c.resume
     second = c.plan(policies, [4])
     assert second == [1] and c.starting == c.resuming == 0  # the caught-up row probes again
     c.observe(second, [record], draft_s=0.2, verify_s=1.0, step_s=1.2)
-    assert c.draft(1) == pytest.approx(0.2)
-    c.draft.add(1, 10.0)
-    c.draft.add(1, 10.0)  # drafting now looks hopeless: the row stops, then resumes with a probe
+    assert c.draft([1]) == pytest.approx(0.2)
+    c.draft.add([1], 10.0)
+    c.draft.add([1], 10.0)  # drafting now looks hopeless: the row stops, then resumes with a probe
     c.long_run.tested, c.long_run.accepted = [EXPLORE_SAMPLES], [EXPLORE_SAMPLES / 2]
     assert c.plan(policies, [4]) == [0] and not policies[0].drafted_last
     c.idle = MAX_PROBE_GAP  # after a long idle spell, the next idle step probes
@@ -504,7 +552,7 @@ def test_observe_learns_verify_draft_and_tree_width():
     c.plan([GoodputPolicy(), GoodputPolicy()], [3, 0])  # the step observed below
     records = [StepRecord(3, 3, 1, 2, 0.0, 0.0, 9, 6), StepRecord(0, 0, 0, 1, 0.0, 0.0, 9, 0)]
     c.observe([3, 0], records, draft_s=0.3, verify_s=0.5, step_s=1.0)
-    assert c.verify.measured(2 + 6) == 1 and c.draft(3) == pytest.approx(0.3)
+    assert c.verify.measured(2 + 6) == 1 and c.draft([3]) == pytest.approx(0.3)
     assert c.other[0] == pytest.approx(0.2)
     assert c.fed_per_depth == pytest.approx(0.9 + 0.1 * 2)  # 6 tree nodes for 3 drafted levels
     assert c.nodes(3) == 6 and c.nodes(2) == pytest.approx(2 * c.fed_per_depth)
@@ -680,7 +728,7 @@ def test_a_size_timed_once_under_load_is_retimed_once_forgotten():
     steps and probes age that timing out after SAMPLE_AGE steps; then the batch drafts again."""
     c = GoodputController(joint=True)
     c.verify.add(4, 1.504)
-    c.draft.add(1, 0.17)
+    c.draft.add([1], 0.17)
     c.other.append(0.0)
     c.long_run.tested, c.long_run.accepted = [100.0], [70.0]
     policies = [GoodputPolicy(max_k=4) for _ in range(2)]
@@ -723,7 +771,7 @@ def test_the_target_confidence_forecasts_a_row_before_it_drafts():
     position's batch-wide acceptance, learned from drafting steps by the confidence each row had
     when they were planned: at batch 2, where drafting pays only when both rows accept well,
     two rows the target is sure of draft and a pair with one unsure row decodes plainly."""
-    c = controller(lambda n: 0.2 + 0.002 * n, draft=lambda u: 0.08 * u)
+    c = controller(lambda n: 0.2 + 0.002 * n, draft=lambda u: 0.1 * u)
     sure, unsure = GoodputPolicy(max_k=1), GoodputPolicy(max_k=1)
     for policy in (sure, unsure):
         policy.opening = False

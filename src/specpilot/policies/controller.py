@@ -2,14 +2,15 @@
 drafts (0: that row takes a plain step in the same target forward), maximising the expected
 tokens per second of the whole step (docs/methods.md §7):
 
-    G(k_1..k_B) = Σ_q (1 + E[N_q | k_q]) / (T_other + T_draft(u) + T_verify(B + Σ_q fed(k_q)))
+    G(k_1..k_B) = Σ_q (1 + E[N_q | k_q]) / (T_other + T_draft(k) + T_verify(B + Σ_q fed(k_q)))
 
 E[N | k] = Σ_{n≤k} Π_{i≤n} a_i (policies.goodput) with a_i the row's forecast acceptance of
 position i given the ones before (its own, shrunk towards the batch-wide one, whose first
-position the target's confidence on the row's recent steps refines: `row_prior`); u the draft
-work (the deepest budget for drafters whose forwards serve all rows at once, the total
-otherwise); fed(k) the tokens a row with budget k has verified (k for chains, a tree's size,
-less when lookups come up short or SV trims); T_other the rest of a step. Every term is
+position the target's confidence on the row's recent steps refines: `row_prior`); T_draft(k) one
+forward per position over the rows still drafting for drafters whose forwards serve all rows at
+once, in proportion to the total budget otherwise (DraftCost); fed(k) the tokens a row with
+budget k has verified (k for chains, a tree's size, less when lookups come up short or SV
+trims); T_other the rest of a step. Every term is
 learned from the steps' own timings and outcomes (policies.latency), so no separate profiling
 is needed; a `specpilot profile` curve, when given, is the prior. The all-zero plan (plain
 decoding) is always a candidate, so by its own estimates the controller never plans below plain
@@ -306,13 +307,53 @@ def finishing_catch_up(
     return total
 
 
+class DraftCost:
+    """T_draft of a plan's budgets, learned from the drafting steps' own timings. Rows that draft
+    one after another (trees, lookups): in proportion to the positions drafted in all. A joint
+    drafter (chains of a draft model, DVI): one forward per drafted position over the rows still
+    drafting, which costs more the more rows it serves: the 0.5B draft in bf16 took 63 ms a
+    forward for one row, 81 for eight, 104 for sixteen. Timed by depth alone, the one-row probes
+    of an idle spell taught that all eight rows draft for 63 ms, so the controller started them
+    all, and the next probes unlearned what that step had taught (BENCHMARKS §10.27). So a joint
+    drafter's curve is keyed by the rows a forward serves (a step: its mean over the step's
+    forwards). Before any drafting step the cost is 0 (optimistic, so the controller tries it and
+    learns); beyond the rows timed, a joint forward's grows at its slope over them (one count
+    timed: flat), which put sixteen rows at 102 ms from one and eight (104 measured)."""
+
+    def __init__(self, joint: bool, window: int, max_age: int) -> None:
+        self.joint = joint
+        self.curve = LatencyCurve(window=window, proportional=not joint, max_age=max_age)
+
+    @property
+    def timed(self) -> bool:
+        return bool(self.curve.points())
+
+    def forward(self, rows: int) -> float:
+        """A joint drafter's seconds for one forward over `rows` rows (0 for none)."""
+        return self.curve(rows) if rows > 0 and self.timed else 0.0
+
+    def __call__(self, budgets: Sequence[int]) -> float:
+        """Seconds of drafting these budgets (one per row; 0: the row does not draft)."""
+        if not self.joint:
+            return self.curve(sum(budgets))
+        depth = max(budgets, default=0)
+        return sum(self.forward(sum(b >= i for b in budgets)) for i in range(1, depth + 1))
+
+    def add(self, budgets: Sequence[int], seconds: float) -> None:
+        depth = max(budgets, default=0)
+        if not self.joint:
+            self.curve.add(sum(budgets), seconds)
+        elif depth:
+            self.curve.add(max(round(sum(budgets) / depth), 1), seconds / depth)
+
+
 class GoodputController:
     """Plans each step's per-row draft budgets (module docstring). One per engine: what it
     learns about the machine and the drafter carries over from request to request.
 
     `joint`: the drafter's forwards serve all drafting rows at once (a draft model or DVI
-    drafting chains), so drafting costs as much as the deepest budget; otherwise rows draft one
-    after another (eagle, dynamic trees, n-gram lookup) and the cost follows the total.
+    drafting chains), one forward per position over the rows still drafting; otherwise rows draft
+    one after another (eagle, dynamic trees, n-gram lookup) and the cost follows the total.
     `verify_prior`: (tokens, seconds) points of a profiled T_verify. Probes: while no row
     drafts, now and then one row drafts one token, to learn whether drafting pays now (estimates
     left alone go stale: idle steps teach nothing). The gap between probes is the probe's
@@ -365,7 +406,7 @@ class GoodputController:
         require(0 < probe_share <= 1, f"goodput probe_share must be in (0, 1], got {probe_share}")
         self.joint = joint
         self.verify = LatencyCurve(verify_prior, window, max_age=SAMPLE_AGE)
-        self.draft = LatencyCurve(window=window, proportional=True, max_age=SAMPLE_AGE)
+        self.draft = DraftCost(joint, window, SAMPLE_AGE)
         self.other: deque[float] = deque(maxlen=window)
         self.acceptance = AcceptanceByPosition(memory)
         self.long_run = AcceptanceByPosition(LONG_RUN_MEMORY)
@@ -454,7 +495,7 @@ class GoodputController:
         catch_up = [self.charge(policy, whole=finish) for policy in policies]
         serves = self._serves(policies) if finish else None
         probe = self._probe(forecasts, policies)
-        probing = not self.draft.points()
+        probing = not self.draft.timed
         if probing:
             budgets, stop_gain = probe, 0.0
         else:
@@ -599,9 +640,8 @@ class GoodputController:
         the last row finishes (finish_plan); `catch_up` as each charges it (`charge`,
         `finishing_catch_up`)."""
         other = self.other_seconds()
-        units = max(budgets, default=0) if self.joint else sum(budgets)
         fed = len(budgets) + sum(self.nodes(k) for k in budgets)
-        step = other + self.draft(units) + self.verify(fed)
+        step = other + self.draft(budgets) + self.verify(fed)
         emitted = [1.0 + expected_accepted(f, k) for f, k in zip(forecasts, budgets, strict=True)]
         if remaining is None:
             catching_up = sum(c for c, k in zip(catch_up, budgets, strict=True) if k)
@@ -667,7 +707,7 @@ class GoodputController:
         rows = len(probe)
         other = self.other_seconds()
         plain_s = other + self.verify(rows)
-        seconds = other + self.draft(1) + catch_up[q] + self.verify(rows + self.nodes(1))
+        seconds = other + self.draft(probe) + catch_up[q] + self.verify(rows + self.nodes(1))
         loss = max(seconds / plain_s - (rows + forecasts[q][0]) / rows, 0.0)
         return min(loss / self.probe_share, MAX_PROBE_GAP)
 
@@ -732,11 +772,13 @@ class GoodputController:
         orders = [items]  # a catching-up row's first position costs more than its gain says, so
         if any(share):  # plans that leave every catching-up row out are scanned too
             orders.append([item for item in items if not share[item[0]]])
+        forward = [self.draft.forward(r) for r in range(rows + 1)] if self.joint else []
         best, best_depth, best_n, best_order = rows / (other + self.verify(rows)), 0, 0, items
         for order in orders:
             for depth in range(1, deepest + 1) if self.joint else (deepest,):
                 counts = [0] * rows
-                expected, fed, n, resuming = float(rows), float(rows), 0, 0.0
+                at_depth = [0] * (depth + 1)  # rows drafting each position (a joint forward's)
+                expected, fed, n, resuming, drafting = float(rows), float(rows), 0, 0.0, 0.0
                 for q, gain, _ in order:
                     if counts[q] == depth:
                         continue
@@ -748,8 +790,13 @@ class GoodputController:
                     expected += gain
                     if counts[q] == 1:
                         resuming += share[q]
-                    drafting = self.draft(depth if self.joint else n) + resuming
-                    goodput = expected / (other + drafting + self.verify(fed))
+                    if self.joint:
+                        c = counts[q]
+                        drafting += forward[at_depth[c] + 1] - forward[at_depth[c]]
+                        at_depth[c] += 1
+                    else:
+                        drafting = self.draft.curve(n)
+                    goodput = expected / (other + drafting + resuming + self.verify(fed))
                     if goodput > best:
                         best, best_depth, best_n, best_order = goodput, depth, n, order
         budgets = [0] * rows
@@ -802,8 +849,7 @@ class GoodputController:
             if fed > limit and added > rows:
                 break
             steps[q] = remaining[q] / emitted[q][budgets[q]]
-            units = max(budgets) if self.joint else sum(budgets)
-            step = other + self.draft(units) + self.verify(fed)
+            step = other + self.draft(budgets) + self.verify(fed)
             most = max(steps)
             seconds = step * most + finishing_catch_up(catch_up, serves, budgets, most)
             if seconds < best:
@@ -822,7 +868,7 @@ class GoodputController:
         seconds = (self.verify(fed) - self.verify(max(fed - 1, 1))) * self.fed_per_depth
         if not self.joint:
             units = sum(budgets)
-            seconds += self.draft(units) - self.draft(units - 1)
+            seconds += self.draft.curve(units) - self.draft.curve(units - 1)
         return seconds
 
     def nodes(self, budget: int) -> float:
@@ -843,16 +889,15 @@ class GoodputController:
         drafting (with selection: SV's companion), in the target forward, and in all."""
         fed = sum(1 + record.num_nodes for record in records)
         self.verify.add(fed, verify_s)
-        units = max(budgets, default=0) if self.joint else sum(budgets)
         if self.starting or self.resuming:
-            extra = max(draft_s - (self.draft(units) if self.draft.points() else 0.0), 0.0)
+            extra = max(draft_s - (self.draft(budgets) if self.draft.timed else 0.0), 0.0)
             if not self.starting:
                 self.resume.append(extra / self.resuming)
             elif not self.resuming or self.resume:  # a mix: the resumes at their usual cost
                 resumed = self.resuming * statistics.median(self.resume) if self.resuming else 0.0
                 self.start.append(max(extra - resumed, 0.0) / self.starting)
         else:
-            self.draft.add(units, draft_s)
+            self.draft.add(budgets, draft_s)
         self.other.append(max(step_s - draft_s - verify_s, 0.0))
         planned = sum(budgets)
         if planned:
