@@ -143,11 +143,17 @@ def test_joint_draft_cost_is_one_forward_per_position_over_the_rows_still_drafti
     assert c.draft([1] * 8) == pytest.approx(0.081)
     assert c.draft([1] + [0] * 7) == pytest.approx(0.063)
     assert c.draft([2] * 8) == pytest.approx(2 * 0.081)
-    assert c.draft([2, 1, 0, 0]) == pytest.approx(c.draft.forward(2) + 0.063)
+    assert c.draft([2, 1, 0, 0]) == pytest.approx(c.draft.forwards(2)[2] + 0.063)
     # beyond the rows timed, the slope over them (the 0.5B's sixteen rows: 104 ms measured)
     assert c.draft([1] * 16) == pytest.approx(0.081 + 8 * 0.018 / 7)
     c.draft.add([3, 3, 0], 3 * 0.065)  # a step: its mean rows per forward, its time per forward
     assert c.draft.curve.measured(2) == 1
+    last = [0, 0, 0, 0]
+    tally = c.draft.tally(4)  # the plan searches' running total, a position at a time
+    for budgets in ([1, 0, 0, 0], [1, 1, 0, 0], [2, 1, 0, 0], [2, 1, 1, 0], [2, 2, 1, 0]):
+        q = next(q for q, (b, a) in enumerate(zip(budgets, last, strict=True)) if b > a)
+        assert tally.grow(budgets[q]) == pytest.approx(c.draft(budgets))
+        last = budgets
 
 
 def test_joint_drafting_cost_follows_the_deepest_budget():

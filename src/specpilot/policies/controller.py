@@ -323,21 +323,31 @@ class DraftCost:
     def __init__(self, joint: bool, window: int, max_age: int) -> None:
         self.joint = joint
         self.curve = LatencyCurve(window=window, proportional=not joint, max_age=max_age)
+        self._forwards: list[float] = []
 
     @property
     def timed(self) -> bool:
         return bool(self.curve.points())
 
-    def forward(self, rows: int) -> float:
-        """A joint drafter's seconds for one forward over `rows` rows (0 for none)."""
-        return self.curve(rows) if rows > 0 and self.timed else 0.0
+    def forwards(self, rows: int) -> list[float]:
+        """A joint drafter's seconds for one forward over 0, 1, ... `rows` rows (cached until
+        the next sample: plans read them in their inner loops)."""
+        if len(self._forwards) <= rows:
+            timed = self.timed
+            self._forwards = [self.curve(r) if r and timed else 0.0 for r in range(rows + 1)]
+        return self._forwards
 
     def __call__(self, budgets: Sequence[int]) -> float:
         """Seconds of drafting these budgets (one per row; 0: the row does not draft)."""
         if not self.joint:
             return self.curve(sum(budgets))
+        forwards = self.forwards(len(budgets))
         depth = max(budgets, default=0)
-        return sum(self.forward(sum(b >= i for b in budgets)) for i in range(1, depth + 1))
+        return sum(forwards[sum(b >= i for b in budgets)] for i in range(1, depth + 1))
+
+    def tally(self, rows: int) -> DraftTally:
+        """Seconds of budgets of `rows` rows grown one position at a time, from none."""
+        return DraftTally(self, self.forwards(rows) if self.joint else None)
 
     def add(self, budgets: Sequence[int], seconds: float) -> None:
         depth = max(budgets, default=0)
@@ -345,6 +355,32 @@ class DraftCost:
             self.curve.add(sum(budgets), seconds)
         elif depth:
             self.curve.add(max(round(sum(budgets) / depth), 1), seconds / depth)
+        self._forwards = []
+
+
+class DraftTally:
+    """T_draft of budgets that the plan searches grow one position at a time, in O(1) per
+    position (a search tries up to rows × depth plans a step)."""
+
+    def __init__(self, cost: DraftCost, forwards: list[float] | None) -> None:
+        self.cost, self.forwards = cost, forwards
+        self.at_depth: list[int] = []
+        """Rows drafting each position (a joint forward's rows), index 0 unused."""
+        self.positions = 0
+        self.seconds = 0.0
+
+    def grow(self, depth: int) -> float:
+        """A row's budget has grown to `depth`: the budgets' T_draft now."""
+        self.positions += 1
+        if self.forwards is None:
+            self.seconds = self.cost.curve(self.positions)
+            return self.seconds
+        while len(self.at_depth) <= depth:
+            self.at_depth.append(0)
+        rows = self.at_depth[depth]
+        self.seconds += self.forwards[rows + 1] - self.forwards[rows]
+        self.at_depth[depth] = rows + 1
+        return self.seconds
 
 
 class GoodputController:
@@ -772,13 +808,12 @@ class GoodputController:
         orders = [items]  # a catching-up row's first position costs more than its gain says, so
         if any(share):  # plans that leave every catching-up row out are scanned too
             orders.append([item for item in items if not share[item[0]]])
-        forward = [self.draft.forward(r) for r in range(rows + 1)] if self.joint else []
         best, best_depth, best_n, best_order = rows / (other + self.verify(rows)), 0, 0, items
         for order in orders:
             for depth in range(1, deepest + 1) if self.joint else (deepest,):
                 counts = [0] * rows
-                at_depth = [0] * (depth + 1)  # rows drafting each position (a joint forward's)
-                expected, fed, n, resuming, drafting = float(rows), float(rows), 0, 0.0, 0.0
+                tally = self.draft.tally(rows)
+                expected, fed, n, resuming = float(rows), float(rows), 0, 0.0
                 for q, gain, _ in order:
                     if counts[q] == depth:
                         continue
@@ -790,12 +825,7 @@ class GoodputController:
                     expected += gain
                     if counts[q] == 1:
                         resuming += share[q]
-                    if self.joint:
-                        c = counts[q]
-                        drafting += forward[at_depth[c] + 1] - forward[at_depth[c]]
-                        at_depth[c] += 1
-                    else:
-                        drafting = self.draft.curve(n)
+                    drafting = tally.grow(counts[q])
                     goodput = expected / (other + drafting + resuming + self.verify(fed))
                     if goodput > best:
                         best, best_depth, best_n, best_order = goodput, depth, n, order
@@ -839,6 +869,7 @@ class GoodputController:
         best = (other + self.verify(rows)) * max(steps)
         best_budgets, best_step = list(budgets), other + self.verify(rows)
         fed, added = float(rows), 0
+        tally = self.draft.tally(rows)
         while True:
             q = max(range(rows), key=steps.__getitem__)
             if budgets[q] == len(forecasts[q]):
@@ -849,7 +880,7 @@ class GoodputController:
             if fed > limit and added > rows:
                 break
             steps[q] = remaining[q] / emitted[q][budgets[q]]
-            step = other + self.draft(budgets) + self.verify(fed)
+            step = other + tally.grow(budgets[q]) + self.verify(fed)
             most = max(steps)
             seconds = step * most + finishing_catch_up(catch_up, serves, budgets, most)
             if seconds < best:
