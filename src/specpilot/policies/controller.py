@@ -50,7 +50,7 @@ FINISH_POOLING = 8.0
 """Pseudo-steps of the batch-wide acceptance in each row's forecast when planning to finish a
 batch soonest: that plan follows the row needing the most steps, and the least of several noisy
 estimates is biased low, so rows' own few steps count for less there (untuned). Also what a
-row's acceptance is uncertain by before its own steps (`bottleneck_forecast`): at batch 8 with
+row's acceptance is uncertain by before its own steps (`finishing_steps`): at batch 8 with
 the 0.5B draft rows' acceptance of k = 1 ran from 0.52 to 0.96 (sd ~0.13, against
 sqrt(0.2 / 9) = 0.15 for 8 pseudo-steps)."""
 
@@ -269,25 +269,46 @@ class GoodputPolicy:
         return self.acceptance.estimates(len(prior), prior, strength or self.strength)
 
 
-def bottleneck_forecast(
-    forecasts: Sequence[Sequence[float]], tested: Sequence[Sequence[float]]
-) -> list[list[float]]:
-    """Each row's a_i lowered by z·sd, sd = sqrt(a(1 − a) / (FINISH_POOLING + n + 1)) the
-    uncertainty of an acceptance forecast from n of the row's own verified positions plus the
-    pooled pseudo-steps, z the standard normal quantile at B / (B + 1) for B rows (about where the
-    most of B draws falls). A batch waits for its slowest row, and the most steps of B rows
-    exceeds the most of their expected steps: at batch 8 with the 0.5B draft, constant k = 1 took
-    31 and 32 steps where its rows took 28.5 and 27.8 on average (BENCHMARKS §10.8), and drafting
-    that paid 9 % per step lost 6 % of the batch's time. Here a = 0.72 with no own steps is read
-    as 0.54, 31 steps for 48 tokens. One row keeps its forecast (z = 0)."""
-    z = NormalDist().inv_cdf(len(forecasts) / (len(forecasts) + 1))
-    return [
-        [
-            max(a - z * math.sqrt(a * (1.0 - a) / (FINISH_POOLING + n + 1.0)), 0.0)
-            for a, n in zip(forecast, counts, strict=True)
-        ]
-        for forecast, counts in zip(forecasts, tested, strict=True)
-    ]
+def finishing_steps(
+    forecast: Sequence[float], tested: Sequence[float] | None, remaining: float, z: float
+) -> list[float]:
+    """Steps a row needs to emit `remaining` tokens with each budget 0..len(forecast), read at
+    the standard normal quantile z of their spread, not their mean: a batch waits for its
+    slowest row, and the most steps of B rows exceeds the most of their expected steps. With
+    m = 1 + E[N | k] tokens a step, S = R / m + z·sd, sd² = R·Var[N | k] / m³ (the outcomes
+    still to come: tokens a step vary, so steps to R do) + (R / m²)²·Var(m) (the forecast's own
+    uncertainty: each a_i known as from FINISH_POOLING + n_i + 1 verified positions, n_i the
+    row's own count there, `tested`; None: the forecast is exact). At batch 8 with the 0.5B
+    draft constant k = 1 took 31 and 32 steps where its rows took 28.5 and 27.8 on average
+    (BENCHMARKS §10.8); with a = 0.72 and no own steps this reads 31.3. Reading only the
+    forecast's uncertainty (as this did first, lowering a by z·its sd), rows known from many
+    steps were read at their mean: at batch 8 all eight drafted k = 1 at 0.85 acceptance for
+    eight steps, and the batch lost 10 % (BENCHMARKS §10.27)."""
+    steps = [float(remaining)]
+    expected = second = 0.0  # E[N], E[N²]
+    reach = 1.0  # P(N ≥ n)
+    slopes: list[float] = []  # ∂E[N]/∂a_i for i ≤ k
+    for n, a in enumerate(forecast, start=1):
+        reach *= a
+        expected += reach
+        second += (2 * n - 1) * reach
+        slopes = [slope + reach / max(b, 1e-12) for slope, b in zip(slopes, forecast, strict=False)]
+        slopes.append(reach / max(a, 1e-12))
+        m = 1.0 + expected
+        spread = remaining * max(second - expected * expected, 0.0) / m**3
+        if tested is not None:
+            uncertain = sum(
+                (slope * slope) * b * (1.0 - b) / (FINISH_POOLING + count + 1.0)
+                for slope, b, count in zip(slopes, forecast, tested, strict=False)
+            )
+            spread += (remaining / (m * m)) ** 2 * uncertain
+        steps.append(remaining / m + z * math.sqrt(spread))
+    return steps
+
+
+def finishing_quantile(rows: int) -> float:
+    """z at B / (B + 1) for B rows (about where the most of B draws falls); 0 for one row."""
+    return NormalDist().inv_cdf(rows / (rows + 1))
 
 
 def finishing_catch_up(
@@ -536,17 +557,14 @@ class GoodputController:
             budgets, stop_gain = probe, 0.0
         else:
             mode = remaining if finish else None
-            planned = forecasts
-            if finish:  # lowered by each forecast's verified count per position
-                planned = bottleneck_forecast(
-                    forecasts,
-                    [
-                        [self._counted_in(policy).tested_at(i) for i in range(len(forecast))]
-                        for policy, forecast in zip(policies, forecasts, strict=True)
-                    ],
-                )
-            budgets, stop_gain = self._optimal(planned, catch_up, mode, serves)
-            budgets = self._deepen(budgets, caps, planned, catch_up, mode, serves)
+            tested = None
+            if finish:  # each forecast's verified count per position (finishing_steps)
+                tested = [
+                    [self._counted_in(policy).tested_at(i) for i in range(len(forecast))]
+                    for policy, forecast in zip(policies, forecasts, strict=True)
+                ]
+            budgets, stop_gain = self._optimal(forecasts, catch_up, mode, serves, tested)
+            budgets = self._deepen(budgets, caps, forecasts, catch_up, mode, serves, tested)
             self.idle = 0 if any(budgets) else self.idle + 1
             due = self._idle_before_probe(probe, forecasts, policies, catch_up, mode)
             probing = bool(self.idle and self.idle >= due)
@@ -590,10 +608,12 @@ class GoodputController:
         catch_up: Sequence[float],
         remaining: Sequence[int] | None,
         serves: Sequence[float] | None = None,
+        tested: Sequence[Sequence[float]] | None = None,
     ) -> tuple[list[int], float]:
-        """finish_plan with rows' `remaining` tokens (and what catch-ups serve), else best_plan."""
+        """finish_plan with rows' `remaining` tokens (and what catch-ups serve, and how well
+        the forecasts are known), else best_plan."""
         if remaining is not None:
-            return self.finish_plan(forecasts, catch_up, remaining, serves)
+            return self.finish_plan(forecasts, catch_up, remaining, serves, tested)
         return self.best_plan(forecasts, catch_up)
 
     def _idle_before_probe(
@@ -640,6 +660,7 @@ class GoodputController:
         catch_up: Sequence[float],
         remaining: Sequence[int] | None,
         serves: Sequence[float] | None = None,
+        tested: Sequence[Sequence[float]] | None = None,
     ) -> list[int]:
         """One drafting row drafts one position past its plan while the long-run estimate has
         fewer than EXPLORE_SAMPLES tests of that position, if that position could pay: the plan
@@ -655,11 +676,11 @@ class GoodputController:
         for q, (budget, cap) in enumerate(zip(budgets, caps, strict=True)):
             if 0 < budget < cap and self.long_run.tested_at(budget) < EXPLORE_SAMPLES:
                 if value is None:
-                    value = self.plan_value(budgets, forecasts, catch_up, remaining, serves)
+                    value = self.plan_value(budgets, forecasts, catch_up, remaining, serves, tested)
                 deeper = [b + (r == q) for r, b in enumerate(budgets)]
                 sure = list(forecasts)
                 sure[q] = [*forecasts[q][:budget], 1.0]
-                if self.plan_value(deeper, sure, catch_up, remaining, serves) > value:
+                if self.plan_value(deeper, sure, catch_up, remaining, serves, tested) > value:
                     return deeper
         return budgets
 
@@ -670,19 +691,28 @@ class GoodputController:
         catch_up: Sequence[float],
         remaining: Sequence[int] | None = None,
         serves: Sequence[float] | None = None,
+        tested: Sequence[Sequence[float]] | None = None,
     ) -> float:
         """What a plan is worth by the objective plans are chosen by, higher better: tokens per
         second (best_plan), or, with rows' `remaining` tokens, minus the expected seconds until
-        the last row finishes (finish_plan); `catch_up` as each charges it (`charge`,
-        `finishing_catch_up`)."""
+        the last row finishes (finish_plan, its steps by `finishing_steps`); `catch_up` as each
+        charges it (`charge`, `finishing_catch_up`)."""
         other = self.other_seconds()
         fed = len(budgets) + sum(self.nodes(k) for k in budgets)
         step = other + self.draft(budgets) + self.verify(fed)
-        emitted = [1.0 + expected_accepted(f, k) for f, k in zip(forecasts, budgets, strict=True)]
         if remaining is None:
+            emitted = sum(
+                1.0 + expected_accepted(f, k) for f, k in zip(forecasts, budgets, strict=True)
+            )
             catching_up = sum(c for c, k in zip(catch_up, budgets, strict=True) if k)
-            return sum(emitted) / (step + catching_up)
-        steps = max(r / e for r, e in zip(remaining, emitted, strict=True))
+            return emitted / (step + catching_up)
+        z = finishing_quantile(len(budgets))
+        steps = max(
+            finishing_steps(f[:k], None if tested is None else t[:k], r, z)[k]
+            for f, t, r, k in zip(
+                forecasts, tested or [None] * len(budgets), remaining, budgets, strict=True
+            )
+        )
         return -(step * steps + finishing_catch_up(catch_up, serves, budgets, steps))
 
     def other_seconds(self) -> float:
@@ -845,17 +875,18 @@ class GoodputController:
         catch_up: Sequence[float],
         remaining: Sequence[int],
         serves: Sequence[float] | None = None,
+        tested: Sequence[Sequence[float]] | None = None,
     ) -> tuple[list[int], float]:
         """The budgets minimising the expected time until the batch's last row finishes, when
         the caller waits for it (docs/methods.md §7.5): a step's cost times the most steps any
-        row still needs (its remaining tokens over its expected tokens per step, 1 + E[N]),
-        plus the one-time catch-up of each row that starts drafting (`finishing_catch_up`, with
-        the steps each `serves`). Tokens a row that is ahead gains are worth nothing then, and a
-        batch whose slowest row accepts little is better decoded plainly, which tokens per
-        second (best_plan) cannot see. The forecasts are taken as exact: `plan` first lowers
-        them to what the slowest of the rows is expected to see (bottleneck_forecast).
-        Candidates: from no drafting, add a position to the row that needs the most steps, until
-        that row can draft no further. Returns the budgets and the gain a drafted position must
+        row still needs (its remaining tokens over its tokens per step, 1 + E[N], read where
+        the slowest of the rows falls: `finishing_steps`, with each forecast's verified counts
+        `tested`, None: exact), plus the one-time catch-up of each row that starts drafting
+        (`finishing_catch_up`, with the steps each `serves`). Tokens a row that is ahead gains
+        are worth nothing then, and a batch whose slowest row accepts little is better decoded
+        plainly, which tokens per second (best_plan) cannot see. Candidates: from no drafting,
+        add a position to the row that needs the most steps, until that row can draft no
+        further. Returns the budgets and the gain a drafted position must
         bring (as best_plan's, at the bottleneck row's rate)."""
         rows = len(forecasts)
         other = self.other_seconds()
@@ -863,6 +894,11 @@ class GoodputController:
         emitted = [  # per row, expected tokens a step emits with budget 0, 1, ...: 1 + E[N]
             list(itertools.accumulate(itertools.accumulate(f, operator.mul), initial=1.0))
             for f in forecasts
+        ]
+        z = finishing_quantile(rows)
+        needed = [  # per row, the steps it needs with budget 0, 1, ...
+            finishing_steps(f, None if tested is None else t, r, z)
+            for f, t, r in zip(forecasts, tested or [None] * rows, remaining, strict=True)
         ]
         budgets = [0] * rows
         steps = [float(r) for r in remaining]
@@ -879,7 +915,7 @@ class GoodputController:
             added += 1
             if fed > limit and added > rows:
                 break
-            steps[q] = remaining[q] / emitted[q][budgets[q]]
+            steps[q] = needed[q][budgets[q]]
             step = other + tally.grow(budgets[q]) + self.verify(fed)
             most = max(steps)
             seconds = step * most + finishing_catch_up(catch_up, serves, budgets, most)
@@ -887,7 +923,7 @@ class GoodputController:
                 best, best_budgets, best_step = seconds, list(budgets), step
         if not any(best_budgets):
             return best_budgets, 0.0
-        bottleneck = max(range(rows), key=lambda r: remaining[r] / emitted[r][best_budgets[r]])
+        bottleneck = max(range(rows), key=lambda r: needed[r][best_budgets[r]])
         rate = emitted[bottleneck][best_budgets[bottleneck]] / best_step
         return best_budgets, rate * self._marginal_seconds(best_budgets)
 
