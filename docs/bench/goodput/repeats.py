@@ -1,0 +1,82 @@
+"""Where a batch bench's controller gained or lost, per batch of prompts and repeat (the medians of
+batch_table.py hide which batch and repeat it was). From a run log of docs/bench/goodput_batches.sh:
+
+- per batch, each method's speed over plain decoding's in the same repeat (batch wall time, the
+  slowest row's `total_s`), one number per repeat;
+- per batch, the median target forward of steps where no row drafted, plain decoding against the
+  controller (what idle steps cost it beyond plain decoding's);
+- with `--steps`, the controller's steps of each batch and repeat: per row a character per step
+  (its accepted count where it drafted, `.` where it did not), then each step's draft ms.
+
+    python docs/bench/goodput/repeats.py RUNS.jsonl[.gz] [--steps]
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import statistics
+import sys
+
+BASELINE, CONTROLLER = "ar", "sd:policy=goodput"
+
+
+def load(path: str) -> list[dict]:
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt") as f:
+        return [json.loads(line) for line in f][1:]  # the first line is the run's key
+
+
+def runs(rows: list, repeat: int) -> list[dict]:
+    """Each row's stats in one repeat (first turn)."""
+    return [row[repeat][0]["stats"] for row in rows]
+
+
+def wall(rows: list, repeat: int) -> float:
+    return max(stats["total_s"] for stats in runs(rows, repeat))
+
+
+def idle_forward_ms(rows: list) -> tuple[float, int]:
+    """Median target forward (ms) of steps where no row drafted, after each request's first."""
+    seconds = []
+    for repeat in range(len(rows[0])):
+        records = [stats["records"] for stats in runs(rows, repeat)]
+        for i in range(1, min(len(r) for r in records)):
+            if not any(r[i]["num_drafted"] for r in records):
+                seconds.append(records[0][i]["verify_s"])
+    return (1000 * statistics.median(seconds) if seconds else float("nan")), len(seconds)
+
+
+def print_steps(rows: list) -> None:
+    for repeat in range(len(rows[0])):
+        print(f"  repeat {repeat}: {wall(rows, repeat):.2f} s")
+        records = [stats["records"] for stats in runs(rows, repeat)]
+        for row in records:
+            print("   ", "".join(str(r["num_accepted"]) if r["num_verified"] else "." for r in row))
+        steps = max(len(row) for row in records)
+        draft_ms = [
+            round(1000 * max((row[i]["draft_s"] for row in records if i < len(row)), default=0))
+            for i in range(steps)
+        ]
+        print("    draft ms", " ".join(map(str, draft_ms)))
+
+
+def main(path: str, steps: bool) -> None:
+    for batch in load(path):
+        methods = batch["runs"]
+        base = methods[BASELINE]
+        speeds = []
+        for name, rows in methods.items():
+            ratios = " ".join(f"{wall(base, r) / wall(rows, r):.3f}" for r in range(len(rows[0])))
+            speeds.append(f"{name.removeprefix('sd:')} {ratios}")
+        print(f"prompts {batch['batch'][0]}–{batch['batch'][-1]}: " + " | ".join(speeds))
+        if CONTROLLER in methods:
+            plain, controller = idle_forward_ms(base), idle_forward_ms(methods[CONTROLLER])
+            print(f"  idle target forward: ar {plain[0]:.1f} ms ({plain[1]} steps), "
+                  f"controller {controller[0]:.1f} ms ({controller[1]} steps)")  # fmt: skip
+            if steps:
+                print_steps(methods[CONTROLLER])
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], "--steps" in sys.argv[2:])
