@@ -855,3 +855,31 @@ def test_the_target_confidence_is_not_read_where_drafting_cannot_pay():
     cheap = controller(lambda n: 0.1, draft=lambda u: 0.001 * u)
     cheap.plan(policies, [2, 2], remaining=[40, 40])
     assert cheap.reads_target_confidence
+
+
+def test_a_probes_start_is_charged_whole_where_probes_are_not_repaid():
+    """A probe that starts a request pays the draft's read of its prompt; spread over the steps
+    a start serves only while plans go on to draft the requests probes start. Where they do
+    not (batch 8 in bf16: ~1.5 % of plain decoding's time for a 1 % probe share, BENCHMARKS
+    §10.27), each start is charged whole, and probes come further apart."""
+    c = controller(lambda n: 0.2 + 0.001 * n, draft=lambda u: 0.05 * u)
+    c.start.append(0.5)
+    probed, planned = GoodputPolicy(), GoodputPolicy()
+    c._remember([probed, planned], [1, 0], probing=True)
+    c._remember([probed, planned], [1, 1], probing=False)
+    assert probed.probe_started and not planned.probe_started  # only a probe's start counts
+    fresh = GoodputPolicy()
+    fresh.opening = False
+    assert c.probe_charge(fresh) == pytest.approx(0.5 / c.start_horizon())  # none ended yet
+    before = c.probe_gap([1, 0], [[0.7], [0.7]], [c.probe_charge(fresh), 0.0])
+    for _ in range(9):  # requests a probe started that no plan went on to draft
+        request = GoodputPolicy()
+        request.probe_started = True
+        c.retire(request)
+    assert c.probe_repaid() == pytest.approx(2 / 11)
+    whole_share = 9 / 11
+    charged = 0.5 * (2 / 11 / c.start_horizon() + whole_share)
+    assert c.probe_charge(fresh) == pytest.approx(charged)
+    assert c.probe_gap([1, 0], [[0.7], [0.7]], [charged, 0.0]) > before
+    c.retire(probed)  # a request a plan went on to draft repays its probe's start
+    assert c.probe_repaid() == pytest.approx(3 / 11)  # the last 9 requests count
