@@ -194,9 +194,9 @@ class GoodputPolicy:
     drafted_steps: int = field(default=0, init=False, repr=False)
     """Steps this request has drafted on, over all its spells."""
     planned: bool = field(default=False, init=False, repr=False)
+    """Whether a plan, not only probes, has had this request draft (`start_horizon`)."""
     probe_started: bool = field(default=False, init=False, repr=False)
     """Whether this request's first drafting step was a probe (`probe_repaid`)."""
-    """Whether a plan, not only probes, has had this request draft (`start_horizon`)."""
     target_confidence: float | None = field(default=None, init=False, repr=False)
     """The target's top probability at this row's recent steps (TARGET_CONFIDENCE_MEMORY per
     step; None before any): what forecasts a row's acceptance before it drafts."""
@@ -494,9 +494,9 @@ class GoodputController:
         self.spells: deque[int] = deque(maxlen=window)
         """Lengths in steps of the last drafting spells rows ended (`horizon`)."""
         self.lifetimes: deque[int] = deque(maxlen=window)
+        """Steps drafted on, in all, by the last requests that drafted (`start_horizon`)."""
         self.probe_starts: deque[bool] = deque(maxlen=window)
         """Whether a plan went on to have each of the last requests a probe started draft."""
-        """Steps drafted on, in all, by the last requests that drafted (`start_horizon`)."""
         self.probe_share = probe_share
         self.idle = 0
         self.starting = self.resuming = 0
@@ -913,8 +913,8 @@ class GoodputController:
         are worth nothing then, and a batch whose slowest row accepts little is better decoded
         plainly, which tokens per second (best_plan) cannot see. Candidates: from no drafting,
         add a position to the row that needs the most steps, until that row can draft no
-        further. Returns the budgets and the gain a drafted position must
-        bring (as best_plan's, at the bottleneck row's rate)."""
+        further. Returns the budgets and the gain a drafted position must bring (as
+        best_plan's, at the bottleneck row's rate)."""
         rows = len(forecasts)
         other = self.other_seconds()
         limit = 2 * self.verify.points()[-1][0]
