@@ -5,6 +5,9 @@ batch_table.py hide which batch and repeat it was). From a run log of docs/bench
   slowest row's `total_s`), one number per repeat;
 - per batch, the median target forward of steps where no row drafted, plain decoding against the
   controller (what idle steps cost it beyond plain decoding's);
+- per batch and repeat, plain decoding's and the controller's seconds split into the prompt read,
+  target forwards, drafting and the rest (the draft model's reads of prompts and accepted tokens
+  when rows start or resume, planning, commits; from the first row's records);
 - with `--steps`, the controller's steps of each batch and repeat: per row a character per step
   (its accepted count where it drafted, `.` where it did not), then each step's draft ms.
 
@@ -47,6 +50,18 @@ def idle_forward_ms(rows: list) -> tuple[float, int]:
     return (1000 * statistics.median(seconds) if seconds else float("nan")), len(seconds)
 
 
+def split(rows: list, repeat: int) -> str:
+    """A repeat's wall time (the slowest row's) as the first row's prompt read, target forwards,
+    drafting and the rest."""
+    stats = runs(rows, repeat)[0]
+    total = wall(rows, repeat)
+    forward = sum(r["verify_s"] for r in stats["records"])
+    draft = sum(r["draft_s"] for r in stats["records"])
+    rest = total - stats["prefill_s"] - forward - draft
+    return (f"{total:.2f} s = read {stats['prefill_s']:.2f} + forwards {forward:.2f} + draft "
+            f"{draft:.2f} + rest {rest:.3f}")  # fmt: skip
+
+
 def print_steps(rows: list) -> None:
     for repeat in range(len(rows[0])):
         print(f"  repeat {repeat}: {wall(rows, repeat):.2f} s")
@@ -74,6 +89,9 @@ def main(path: str, steps: bool) -> None:
             plain, controller = idle_forward_ms(base), idle_forward_ms(methods[CONTROLLER])
             print(f"  idle target forward: ar {plain[0]:.1f} ms ({plain[1]} steps), "
                   f"controller {controller[0]:.1f} ms ({controller[1]} steps)")  # fmt: skip
+            for r in range(len(base[0])):
+                print(f"  repeat {r}: ar {split(base, r)} | controller "
+                      f"{split(methods[CONTROLLER], r)}")  # fmt: skip
             if steps:
                 print_steps(methods[CONTROLLER])
 
