@@ -670,11 +670,11 @@ class GoodputController:
         time where its spread price had allowed 1 % (BENCHMARKS §10.27). Where probes lead to
         plans, as at batch 2 and at concurrency 1, they stay as frequent as a start spread over
         what it serves makes them (`_idle_before_probe`)."""
-        seconds = self.catch_up(policy)
-        if not seconds or policy.drafted_ever:
-            return self.charge(policy, whole=False)
+        spread = self.charge(policy, whole=False)
+        if not spread or policy.drafted_ever:
+            return spread
         repaid = self.probe_repaid()
-        return seconds * (repaid / self.start_horizon() + 1.0 - repaid)
+        return repaid * spread + (1.0 - repaid) * self.charge(policy, whole=True)
 
     def _deepen(
         self,
