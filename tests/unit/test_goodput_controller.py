@@ -799,7 +799,7 @@ def test_the_target_confidence_forecasts_a_row_before_it_drafts():
     assert sure.target_confidence == pytest.approx(0.9822, abs=1e-4)  # 0.75 kept per step
     unsure.observe(StepRecord(0, 0, 0, 1, 0.0, 0.2, 9, 0, target_confidence=0.35))
     assert unsure.target_confidence == 0.35
-    for _ in range(40):  # drafting steps planned at each confidence, and their outcomes
+    for _ in range(80):  # drafting steps planned at each confidence, and their outcomes
         c._remember([sure, unsure], [1, 1])
         records = [StepRecord(1, 1, a, 1 + a, 0.1, 0.2, 9, 1) for a in (1, 0)]
         c.observe([1, 1], records, 0.1, 0.2, 0.3)
@@ -869,3 +869,17 @@ def test_a_probes_start_is_charged_whole_where_probes_are_not_repaid():
     assert c.probe_gap([1, 0], [[0.7], [0.7]], [charged, 0.0]) > before
     c.retire(probed)  # a request a plan went on to draft repays its probe's start
     assert c.probe_repaid() == pytest.approx(3 / 11)  # the last 9 requests count
+
+
+def test_one_rejection_in_a_confidence_bin_no_step_reached_moves_its_rows_little():
+    """The target-confidence calibration learns only from drafting steps, so its outer bins see
+    few; a single rejection there must not set every row there far below the batch-wide
+    forecast (in a finishing batch one such row keeps the whole batch from drafting)."""
+    c = GoodputController(joint=True)
+    row = GoodputPolicy(max_k=1)
+    row.opening, row.target_confidence = False, 0.95
+    c.target_calibration.add(0.95, False)
+    assert c.row_prior([0.7], row)[0] > 0.6
+    for _ in range(30):  # many rejections there do tell
+        c.target_calibration.add(0.95, False)
+    assert c.row_prior([0.7], row)[0] < 0.25

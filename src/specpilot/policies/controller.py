@@ -91,6 +91,14 @@ that a verdict's re-timing probes, MAX_PROBE_GAP apart, keep their RETIME_SAMPLE
 TARGET_CONFIDENCE_MEMORY = 0.75
 """What a row's running target confidence keeps per step (the last ~4 steps count)."""
 
+TARGET_CALIBRATION_STRENGTH = 8.0
+"""Pseudo-counts of the first position's forecast in each bin of the target-confidence
+calibration (as a row's own acceptance has: GoodputPolicy.strength). Only drafting steps teach
+it, so its outer bins see few: with 2, one rejection in a bin no step had reached set every row
+there to 0.47 where the batch-wide forecast was 0.7 (8: 0.62). At batch 4 on 32 training prompts
+rows at 0.50 from such bins, one enough in a finishing batch, kept whole batches from drafting,
+where the bins' measured acceptance lay between 0.66 and 0.83 (BENCHMARKS §10.29)."""
+
 RESUME_HORIZON = 16
 """The most steps a row that resumes drafting is expected to go on drafting, and the guess
 before any drafting spell has ended: the one-time cost of catching its drafter up is charged to
@@ -474,7 +482,7 @@ class GoodputController:
         self.opening_rows: list[bool] = []
         """Which rows of the step planned last were at their request's first step."""
         self.calibration = ConfidenceCalibration(strength=strength)
-        self.target_calibration = ConfidenceCalibration(strength=strength)
+        self.target_calibration = ConfidenceCalibration(strength=TARGET_CALIBRATION_STRENGTH)
         """First-position acceptance by the row's running target confidence (`row_prior`)."""
         self.planned_confidence: list[float | None] = []
         """Each row's running target confidence when the step planned last was planned."""
