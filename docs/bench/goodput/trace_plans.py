@@ -6,8 +6,8 @@ position (None at its request's first step) and running target confidence, wheth
 drafted yet, the idle steps before the plan, the budgets and each row's remaining tokens.
 `show` prints one batch of prompts of a trace (batches counted from 0, the warm-up excluded),
 a line per step; `bins` prints, from a bench's run log, the controller's drafting steps'
-first-position acceptance by the row's running target confidence (as the controller's
-calibration bins it: 0.75 kept per step).
+first-position acceptance by the row's running target confidence (as the controller keeps and
+bins it).
 
     TRACE=FILE python docs/bench/goodput/trace_plans.py run BENCH-ARGS...
     python docs/bench/goodput/trace_plans.py show FILE BATCH
@@ -16,7 +16,6 @@ calibration bins it: 0.75 kept per step).
 
 from __future__ import annotations
 
-import collections
 import gzip
 import json
 import os
@@ -24,6 +23,7 @@ import sys
 
 from specpilot.cli import main as cli
 from specpilot.policies import controller
+from specpilot.types import StepRecord
 
 CONTROLLER = "sd:policy=goodput"
 
@@ -31,20 +31,20 @@ CONTROLLER = "sd:policy=goodput"
 def traced(plan, out):
     def plan_and_log(self, policies, caps, remaining=None):
         seen = {}
-        if self.verify.points():
-            depth = max(max(caps), 1)
-            long_run = self.long_run.estimates(depth, None, self.strength)
-            recent = self.acceptance.estimates(depth, long_run, self.strength)
+        if self.verify.points() and any(cap > 0 for cap in caps):  # plan() forecasts
+            long_run = self.long_run.estimates(1, None, self.strength)
+            finish = remaining is not None and len(caps) > 1
+            forecasts = self.forecasts(policies, [max(cap, 0) for cap in caps], finish)
             seen = {
                 "long_run": long_run[0],
-                "recent": recent[0],
+                "recent": self.acceptance.estimates(1, long_run, self.strength)[0],
                 "rows": [
                     [
-                        None if p.opening else p.forecast(self.row_prior(recent, p))[0],
+                        None if p.opening or not forecast else forecast[0],
                         p.target_confidence,
                         p.drafted_ever,
                     ]
-                    for p in policies
+                    for p, forecast in zip(policies, forecasts, strict=True)
                 ],
                 "idle": self.idle,
             }
@@ -66,6 +66,9 @@ def show(path: str, batch: int) -> None:
     ]
     end = starts[batch + 1] if batch + 1 < len(starts) else len(plans)
     for step, p in enumerate(plans[starts[batch] : end]):
+        if "rows" not in p:  # no row could draft (no room left): plain without a plan
+            print(f"{step:3d} budgets {p['budgets']} remaining {p['remaining']}")
+            continue
         rows = " ".join(
             ("  -  " if a is None else f"{a:.2f}") + "/" + ("  -  " if c is None else f"{c:.2f}")
             + ("d" if drafted else " ")
@@ -79,23 +82,21 @@ def bins(path: str) -> None:
     opener = gzip.open if path.endswith(".gz") else open
     with opener(path, "rt") as f:
         batches = [json.loads(line) for line in f][1:]  # the first line is the run's key
-    counts = collections.defaultdict(lambda: [0, 0])
+    counts = controller.ConfidenceCalibration(memory=1.0)  # unweighted: plain counts
     for batch in batches:
         for row in batch["runs"][CONTROLLER]:
             for repeat in row:
-                running = None
-                for step, record in enumerate(repeat[0]["stats"]["records"]):
-                    if step > 1 and record["num_verified"] and running is not None:
-                        counts[min(int(running * 10), 9)][0] += 1
-                        counts[min(int(running * 10), 9)][1] += record["num_accepted"] > 0
-                    seen = record["target_confidence"]
-                    if seen is not None:
-                        keep = controller.TARGET_CONFIDENCE_MEMORY
-                        running = seen if running is None else keep * running + (1 - keep) * seen
-    for b in sorted(counts):
-        tested, accepted = counts[b]
-        print(f"running confidence [{b / 10:.1f}, {(b + 1) / 10:.1f}): {tested} drafting steps, "
-              f"first position accepted {accepted / tested:.2f}")  # fmt: skip
+                policy = controller.GoodputPolicy()  # keeps the running confidence as planned
+                for step in repeat[0]["stats"]["records"]:
+                    running = policy.target_confidence
+                    if not policy.opening and step["num_verified"] and running is not None:
+                        counts.add(running, step["num_accepted"] > 0)
+                    policy.observe(StepRecord(**step))
+    for b, (tested, accepted) in enumerate(zip(counts.tested, counts.accepted, strict=True)):
+        if tested:
+            print(f"running confidence [{b / counts.bins:.1f}, {(b + 1) / counts.bins:.1f}): "
+                  f"{tested:.0f} drafting steps, first position accepted "
+                  f"{accepted / tested:.2f}")  # fmt: skip
 
 
 if __name__ == "__main__":
@@ -103,7 +104,7 @@ if __name__ == "__main__":
     if command == "run":
         with open(os.environ["TRACE"], "a") as trace:
             controller.GoodputController.plan = traced(controller.GoodputController.plan, trace)
-            sys.exit(cli(args))
+            sys.exit(cli(["bench", *args]))
     elif command == "show":
         show(args[0], int(args[1]))
     else:

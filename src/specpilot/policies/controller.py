@@ -97,7 +97,7 @@ calibration (as a row's own acceptance has: GoodputPolicy.strength). Only drafti
 it, so its outer bins see few: with 2, one rejection in a bin no step had reached set every row
 there to 0.47 where the batch-wide forecast was 0.7 (8: 0.62). At batch 4 on 32 training prompts
 rows at 0.50 from such bins, one enough in a finishing batch, kept whole batches from drafting,
-where the bins' measured acceptance lay between 0.66 and 0.83 (BENCHMARKS §10.29)."""
+where the bins' measured acceptance lay between 0.63 and 0.83 (BENCHMARKS §10.29)."""
 
 RESUME_HORIZON = 16
 """The most steps a row that resumes drafting is expected to go on drafting, and the guess
@@ -549,20 +549,8 @@ class GoodputController:
         caps = [max(cap, 0) for cap in caps]
         if not any(caps) or not self.verify.points():  # first time the plain step: the
             return self._remember(policies, [0] * len(caps))  # baseline of every plan
-        depth = max(caps)
-        long_run = self.long_run.estimates(depth, None, self.strength)
-        prior = self.acceptance.estimates(depth, long_run, self.strength)
-        opening = self.opening_acceptance.estimates(depth, long_run, self.strength)
         finish = remaining is not None and len(caps) > 1
-        pooling = FINISH_POOLING if finish else None
-        forecasts = [
-            (
-                opening
-                if policy.opening
-                else policy.forecast(self.row_prior(prior, policy), pooling)
-            )[:cap]
-            for policy, cap in zip(policies, caps, strict=True)
-        ]
+        forecasts = self.forecasts(policies, caps, finish)
         catch_up = [self.charge(policy, whole=finish) for policy in policies]
         serves = self._serves(policies) if finish else None
         probe = self._probe(forecasts, policies)
@@ -587,6 +575,26 @@ class GoodputController:
         for policy, forecast in zip(policies, forecasts, strict=True):
             policy.prepare(forecast, stop_gain, self.calibration)
         return self._remember(policies, budgets, probing)
+
+    def forecasts(
+        self, policies: Sequence[GoodputPolicy], caps: Sequence[int], finish: bool
+    ) -> list[list[float]]:
+        """Each row's a_1..a_cap: the opening estimate at its request's first step, else its own
+        shrunk towards the batch-wide one (`row_prior`), with FINISH_POOLING pseudo-steps when
+        plans finish a batch."""
+        depth = max(caps)
+        long_run = self.long_run.estimates(depth, None, self.strength)
+        prior = self.acceptance.estimates(depth, long_run, self.strength)
+        opening = self.opening_acceptance.estimates(depth, long_run, self.strength)
+        pooling = FINISH_POOLING if finish else None
+        return [
+            (
+                opening
+                if policy.opening
+                else policy.forecast(self.row_prior(prior, policy), pooling)
+            )[:cap]
+            for policy, cap in zip(policies, caps, strict=True)
+        ]
 
     def row_prior(self, prior: list[float], policy: GoodputPolicy) -> list[float]:
         """The batch-wide a_i with a_1 refined by the row's running target confidence, which the
