@@ -871,6 +871,25 @@ def test_a_probes_start_is_charged_whole_where_probes_are_not_repaid():
     assert c.probe_repaid() == pytest.approx(3 / 11)  # the last 9 requests count
 
 
+def test_probes_grow_rarer_as_the_requests_they_start_go_undrafted():
+    """A probe is worth what it can lead to: its share of throughput shrinks with the chance
+    that a plan goes on to draft what probes start (`probe_repaid`), even for a probe with
+    nothing to catch up (at batch 8 in bf16 no plan followed a probe, which cost ~1-2 % of
+    each batch, BENCHMARKS §10.30)."""
+    c = controller(lambda n: 0.2 + 0.001 * n, draft=lambda u: 0.25 * u)  # does not pay
+    probe, forecasts, catch_up = [1, 0], [[0.7], [0.7]], [0.0, 0.0]
+    seconds = c.other_seconds() + c.draft([1, 0]) + c.verify(3)
+    loss = seconds / (c.other_seconds() + c.verify(2)) - (2 + 0.7) / 2
+    assert c.probe_gap(probe, forecasts, catch_up) == pytest.approx(loss / c.probe_share)
+    assert 0 < loss / c.probe_share * 4 < MAX_PROBE_GAP
+    for _ in range(6):  # requests a probe started that no plan went on to draft
+        request = GoodputPolicy()
+        request.probe_started = True
+        c.retire(request)
+    share = c.probe_share * 2 / 8
+    assert c.probe_gap(probe, forecasts, catch_up) == pytest.approx(loss / share)
+
+
 def test_one_rejection_in_a_confidence_bin_no_step_reached_moves_its_rows_little():
     """The target-confidence calibration learns only from drafting steps, so its outer bins see
     few; a single rejection there must not set every row there far below the batch-wide

@@ -426,11 +426,11 @@ class GoodputController:
     left alone go stale: idle steps teach nothing). The gap between probes is the probe's
     expected loss against a plain step over `probe_share` (probe_gap), so probing costs about
     that share of throughput: rare where drafting is hopeless, every step or two where it nearly
-    pays (there a wrong estimate costs most). Until a drafting step has been timed, every step is
-    a probe (an unknown T_draft is not free), and so is every step that would not draft before
-    EXPLORE_SAMPLES first positions are verified, unless drafts that are always accepted would
-    not pay either: then acceptance is not worth learning and a probe comes every MAX_PROBE_GAP
-    idle steps (`_idle_before_probe`).
+    pays (there a wrong estimate costs most), and less where probes have not led to plans.
+    Until a drafting step has been timed, every step is a probe (an unknown T_draft is not
+    free), and so is every step that would not draft before EXPLORE_SAMPLES first positions are
+    verified, unless drafts that are always accepted would not pay either: then acceptance is
+    not worth learning and a probe comes every MAX_PROBE_GAP idle steps (`_idle_before_probe`).
 
     The batch-wide acceptance is two estimates: a recent one (`memory` per row that drafted)
     shrunk towards a long-run one (LONG_RUN_MEMORY), and on a step where no row drafts the
@@ -804,9 +804,13 @@ class GoodputController:
     ) -> float:
         """Steps without drafting before this probe: what it is expected to lose, in plain
         steps (its seconds over a plain step's, less its tokens over a plain step's; by the
-        current estimates, with the row's `catch_up` as given), over `probe_share`, at most
+        current estimates, with the row's `catch_up` as given), over `probe_share` times the
+        chance that what a probe starts a plan goes on to draft (`probe_repaid`), at most
         MAX_PROBE_GAP. Counted in plain steps, not as a goodput ratio: a probe costing three
-        plain steps loses two of them, where 1 − its goodput ratio would say 0.67."""
+        plain steps loses two of them, where 1 − its goodput ratio would say 0.67. A probe is
+        worth what it can lead to: at batch 8 in bf16, where no plan followed any probe, probes
+        cost 0.07-0.17 s of each batch of 48-token requests (~1-2 % of its 9 s) at the full
+        share (BENCHMARKS §10.30)."""
         if not any(probe):
             return math.inf
         q = probe.index(1)
@@ -815,7 +819,7 @@ class GoodputController:
         plain_s = other + self.verify(rows)
         seconds = other + self.draft(probe) + catch_up[q] + self.verify(rows + self.nodes(1))
         loss = max(seconds / plain_s - (rows + forecasts[q][0]) / rows, 0.0)
-        return min(loss / self.probe_share, MAX_PROBE_GAP)
+        return min(loss / (self.probe_share * self.probe_repaid()), MAX_PROBE_GAP)
 
     @staticmethod
     def _probe(forecasts: Sequence[Sequence[float]], policies: Sequence) -> list[int]:
