@@ -843,6 +843,14 @@ def test_the_target_confidence_is_not_read_where_drafting_cannot_pay():
     assert cheap.reads_target_confidence
 
 
+def retire_unrepaid_probes(c: GoodputController, requests: int) -> None:
+    """End `requests` requests that a probe started and no plan went on to draft."""
+    for _ in range(requests):
+        request = GoodputPolicy()
+        request.probe_started = True
+        c.retire(request)
+
+
 def test_a_probes_start_is_charged_whole_where_probes_are_not_repaid():
     """A probe that starts a request pays the draft's read of its prompt; spread over the steps
     a start serves only while plans go on to draft the requests probes start. Where they do
@@ -858,10 +866,7 @@ def test_a_probes_start_is_charged_whole_where_probes_are_not_repaid():
     fresh.opening = False
     assert c.probe_charge(fresh) == pytest.approx(0.5 / c.start_horizon())  # none ended yet
     before = c.probe_gap([1, 0], [[0.7], [0.7]], [c.probe_charge(fresh), 0.0])
-    for _ in range(9):  # requests a probe started that no plan went on to draft
-        request = GoodputPolicy()
-        request.probe_started = True
-        c.retire(request)
+    retire_unrepaid_probes(c, 9)
     assert c.probe_repaid() == pytest.approx(2 / 11)
     whole_share = 9 / 11
     charged = 0.5 * (2 / 11 / c.start_horizon() + whole_share)
@@ -882,10 +887,7 @@ def test_probes_grow_rarer_as_the_requests_they_start_go_undrafted():
     loss = seconds / (c.other_seconds() + c.verify(2)) - (2 + 0.7) / 2
     assert c.probe_gap(probe, forecasts, catch_up) == pytest.approx(loss / c.probe_share)
     assert 0 < loss / c.probe_share * 4 < MAX_PROBE_GAP
-    for _ in range(6):  # requests a probe started that no plan went on to draft
-        request = GoodputPolicy()
-        request.probe_started = True
-        c.retire(request)
+    retire_unrepaid_probes(c, 6)
     share = c.probe_share * 2 / 8
     assert c.probe_gap(probe, forecasts, catch_up) == pytest.approx(loss / share)
 

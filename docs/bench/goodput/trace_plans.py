@@ -28,32 +28,39 @@ from specpilot.types import StepRecord
 CONTROLLER = "sd:policy=goodput"
 
 
-def traced(plan, out):
+def traced(out):
+    """GoodputController.plan that appends each plan to `out`, with what its forecasts were
+    made from (noted when plan forecasts: only steps where some row could draft)."""
+    plan, forecasts = controller.GoodputController.plan, controller.GoodputController.forecasts
+    seen: dict = {}
+
+    def forecasts_and_note(self, policies, caps, finish):
+        made = forecasts(self, policies, caps, finish)
+        long_run = self.long_run.estimates(1, None, self.strength)
+        seen.update(
+            long_run=long_run[0],
+            recent=self.acceptance.estimates(1, long_run, self.strength)[0],
+            rows=[
+                [
+                    None if p.opening or not forecast else forecast[0],
+                    p.target_confidence,
+                    p.drafted_ever,
+                ]
+                for p, forecast in zip(policies, made, strict=True)
+            ],
+            idle=self.idle,
+        )
+        return made
+
     def plan_and_log(self, policies, caps, remaining=None):
-        seen = {}
-        if self.verify.points() and any(cap > 0 for cap in caps):  # plan() forecasts
-            long_run = self.long_run.estimates(1, None, self.strength)
-            finish = remaining is not None and len(caps) > 1
-            forecasts = self.forecasts(policies, [max(cap, 0) for cap in caps], finish)
-            seen = {
-                "long_run": long_run[0],
-                "recent": self.acceptance.estimates(1, long_run, self.strength)[0],
-                "rows": [
-                    [
-                        None if p.opening or not forecast else forecast[0],
-                        p.target_confidence,
-                        p.drafted_ever,
-                    ]
-                    for p, forecast in zip(policies, forecasts, strict=True)
-                ],
-                "idle": self.idle,
-            }
+        seen.clear()
         budgets = plan(self, policies, caps, remaining)
         out.write(json.dumps({**seen, "budgets": budgets, "remaining": remaining}) + "\n")
         out.flush()
         return budgets
 
-    return plan_and_log
+    controller.GoodputController.forecasts = forecasts_and_note
+    controller.GoodputController.plan = plan_and_log
 
 
 def show(path: str, batch: int) -> None:
@@ -103,7 +110,7 @@ if __name__ == "__main__":
     command, args = sys.argv[1], sys.argv[2:]
     if command == "run":
         with open(os.environ["TRACE"], "a") as trace:
-            controller.GoodputController.plan = traced(controller.GoodputController.plan, trace)
+            traced(trace)
             sys.exit(cli(["bench", *args]))
     elif command == "show":
         show(args[0], int(args[1]))
