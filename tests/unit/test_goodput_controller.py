@@ -843,6 +843,28 @@ def test_the_target_confidence_is_not_read_where_drafting_cannot_pay():
     assert cheap.reads_target_confidence
 
 
+def test_the_target_confidence_is_not_read_where_no_confidence_could_make_a_plan_draft():
+    """Between hopeless and paying (at batch 8 in bf16 reading cost ~0.7 % of each idle batch,
+    BENCHMARKS §10.31): while even the best-rated confidence bin could not make a row draft,
+    the next step's reading could not change the plan; once a bin rates high enough, it could.
+    A row not read forgets its old confidence."""
+    c = controller(lambda n: 0.2 + 0.002 * n, draft=lambda u: 0.18 * u)  # pays above a ~ 0.91
+    for i in range(2 * EXPLORE_SAMPLES):  # half the first positions accepted
+        c.long_run.add(1, i % 2)
+        c.acceptance.add(1, i % 2)
+    row = GoodputPolicy(max_k=1)
+    row.opening, row.spell, row.drafted_ever = False, 1, True
+    assert c.plan([row], [1]) == [0]
+    assert not c.hopeless and c.moot and not c.reads_target_confidence
+    for _ in range(60):  # the target's surest rows accept every time
+        c.target_calibration.add(0.97, True)
+    assert c.plan([row], [1]) == [0]  # this row shows no confidence yet
+    assert not c.moot and c.reads_target_confidence
+    row.target_confidence = 0.97
+    row.observe(StepRecord(0, 0, 0, 1, 0.0, 0.2, 9, 0))
+    assert row.target_confidence is None
+
+
 def retire_unrepaid_probes(c: GoodputController, requests: int) -> None:
     """End `requests` requests that a probe started and no plan went on to draft."""
     for _ in range(requests):

@@ -172,6 +172,13 @@ class ConfidenceCalibration:
         b = self._bin(confidence)
         return (self.accepted[b] + self.strength * prior) / (self.tested[b] + self.strength)
 
+    def highest(self, prior: float) -> float:
+        """The most any confidence can make of `prior`: the best bin's acceptance."""
+        return max(
+            (accepted + self.strength * prior) / (tested + self.strength)
+            for accepted, tested in zip(self.accepted, self.tested, strict=True)
+        )
+
 
 @dataclass
 class GoodputPolicy:
@@ -259,7 +266,9 @@ class GoodputPolicy:
 
     def observe(self, record: StepRecord) -> None:
         seen = record.target_confidence
-        if seen is not None:
+        if seen is None:  # not read: a confidence from steps long past is not this row's now
+            self.target_confidence = None
+        else:
             old = seen if self.target_confidence is None else self.target_confidence
             self.target_confidence = (
                 TARGET_CONFIDENCE_MEMORY * old + (1 - TARGET_CONFIDENCE_MEMORY) * seen
@@ -489,6 +498,9 @@ class GoodputController:
         self.hopeless = False
         """Whether drafts that are always accepted would not pay either, by the last plan's
         estimates (`_idle_before_probe`): then no forecast is worth reading."""
+        self.moot = False
+        """Whether no target confidence could have made the last plan draft (`_confidence_moot`):
+        then it is not worth reading either."""
         self.strength = strength
         self.fed_per_depth = 1.0
         """Verified tokens per unit of budget, over all budgets (the guess for a new budget)."""
@@ -517,9 +529,11 @@ class GoodputController:
     @property
     def reads_target_confidence(self) -> bool:
         """The target's confidence is read (`row_prior`) unless drafting cannot pay whatever
-        the acceptance: at batch 32 in bf16 reading it for every row cost 6 ms a step, 1.8 % of
-        plain decoding, where the controller drafted nothing (BENCHMARKS §10.26)."""
-        return not self.hopeless
+        the acceptance (at batch 32 in bf16 reading it for every row cost 6 ms a step, 1.8 % of
+        plain decoding, where the controller drafted nothing, BENCHMARKS §10.26), or whatever
+        confidence the rows show (at batch 8, 1.25 ms a step, ~0.7 %, §10.31): `moot`, which
+        `hopeless` implies."""
+        return not self.moot
 
     def retire(self, policy: DraftPolicy) -> None:
         """A row's request has ended: the spell it was drafting in ends with it (`horizon`), and
@@ -565,8 +579,11 @@ class GoodputController:
                     [self._counted_in(policy).tested_at(i) for i in range(len(forecast))]
                     for policy, forecast in zip(policies, forecasts, strict=True)
                 ]
-            budgets, stop_gain = self._optimal(forecasts, catch_up, mode, serves, tested)
-            budgets = self._deepen(budgets, caps, forecasts, catch_up, mode, serves, tested)
+            self.moot = self._confidence_moot(policies, caps, catch_up, mode, serves, tested)
+            budgets, stop_gain = [0] * len(caps), 0.0
+            if not self.moot:
+                budgets, stop_gain = self._optimal(forecasts, catch_up, mode, serves, tested)
+                budgets = self._deepen(budgets, caps, forecasts, catch_up, mode, serves, tested)
             self.idle = 0 if any(budgets) else self.idle + 1
             due = self._idle_before_probe(probe, forecasts, policies, catch_up, mode)
             probing = bool(self.idle and self.idle >= due)
@@ -577,10 +594,15 @@ class GoodputController:
         return self._remember(policies, budgets, probing)
 
     def forecasts(
-        self, policies: Sequence[GoodputPolicy], caps: Sequence[int], finish: bool
+        self,
+        policies: Sequence[GoodputPolicy],
+        caps: Sequence[int],
+        finish: bool,
+        most_confident: bool = False,
     ) -> list[list[float]]:
         """Each row's a_1..a_cap: the opening estimate at its request's first step, else its own
-        shrunk towards the batch-wide one (`row_prior`), with FINISH_POOLING pseudo-steps when
+        shrunk towards the batch-wide one (`row_prior`; as if the row showed the confidence the
+        calibration rates highest, if `most_confident`), with FINISH_POOLING pseudo-steps when
         plans finish a batch."""
         depth = max(caps)
         long_run = self.long_run.estimates(depth, None, self.strength)
@@ -591,12 +613,14 @@ class GoodputController:
             (
                 opening
                 if policy.opening
-                else policy.forecast(self.row_prior(prior, policy), pooling)
+                else policy.forecast(self.row_prior(prior, policy, most_confident), pooling)
             )[:cap]
             for policy, cap in zip(policies, caps, strict=True)
         ]
 
-    def row_prior(self, prior: list[float], policy: GoodputPolicy) -> list[float]:
+    def row_prior(
+        self, prior: list[float], policy: GoodputPolicy, most_confident: bool = False
+    ) -> list[float]:
         """The batch-wide a_i with a_1 refined by the row's running target confidence, which the
         target's own steps give before the row drafts: easy text for the target is easy for the
         draft. On the batch-4 bench's 16 prompts (constant k = 1, bf16) the first position was
@@ -604,10 +628,30 @@ class GoodputController:
         0.5 and 93 % above 0.95, and per request the answer's mean target confidence correlated
         0.75 with its acceptance; where drafting pays on one batch of prompts and loses on the
         next, the batch-wide estimate cannot tell them apart (BENCHMARKS §10.26)."""
+        if most_confident and prior:
+            return [self.target_calibration.highest(prior[0]), *prior[1:]]
         if policy.target_confidence is None or not prior:
             return prior
         first = self.target_calibration.acceptance(policy.target_confidence, prior[0])
         return [first, *prior[1:]]
+
+    def _confidence_moot(
+        self,
+        policies: Sequence[GoodputPolicy],
+        caps: Sequence[int],
+        catch_up: Sequence[float],
+        remaining: Sequence[int] | None,
+        serves: Sequence[float] | None,
+        tested: Sequence[Sequence[float]] | None,
+    ) -> bool:
+        """Whether no plan would draft even if every row showed the target confidence the
+        calibration rates highest. A row's forecast grows with its prior's a_1, and a plan with
+        higher forecasts drafts at least as much, so then the rows' own plan drafts nothing (it is
+        not computed), and the next step's reading, a pass over the vocabulary per row, could not
+        have changed it: it is skipped. Rows then forecast from the batch-wide estimate until the
+        step after a plan could draft again, when reading resumes; a probe's row is not read."""
+        best = self.forecasts(policies, caps, remaining is not None, most_confident=True)
+        return not any(self._optimal(best, catch_up, remaining, serves, tested)[0])
 
     def _serves(self, policies: Sequence[GoodputPolicy]) -> list[float] | None:
         """When plans finish a batch: the steps each row's catch-up is expected to serve, a
@@ -662,8 +706,9 @@ class GoodputController:
         k = 2 over the level (BENCHMARKS §10.20); at batch 2 in bf16, where plans finish the
         batch, a probe was due after ~110 idle steps, and after a rejected spell whole 48-token
         requests went undrafted (0.964 of constant k = 1, §10.24)."""
+        # Where some confidence would make a plan draft (not `moot`), sure drafts would too.
         perfect = [[1.0] * len(forecast) for forecast in forecasts]
-        self.hopeless = not any(self._optimal(perfect, catch_up, remaining)[0])
+        self.hopeless = self.moot and not any(self._optimal(perfect, catch_up, remaining)[0])
         if self.hopeless:
             timed = self.verify.measured(len(forecasts) + round(self.nodes(1)))
             return MAX_PROBE_GAP if timed >= RETIME_SAMPLES else 0
