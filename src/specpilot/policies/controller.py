@@ -646,10 +646,12 @@ class GoodputController:
     ) -> bool:
         """Whether no plan would draft even if every row showed the target confidence the
         calibration rates highest. A row's forecast grows with its prior's a_1, and a plan with
-        higher forecasts drafts at least as much, so then the rows' own plan drafts nothing (it is
-        not computed), and the next step's reading, a pass over the vocabulary per row, could not
-        have changed it: it is skipped. Rows then forecast from the batch-wide estimate until the
-        step after a plan could draft again, when reading resumes; a probe's row is not read."""
+        higher forecasts drafts at least as much (exactly when maximising tokens per second; when
+        finishing a batch nearly, as the spread of a row's steps read there can grow with a
+        low acceptance), so then the rows' own plan drafts nothing (it is not computed), and the
+        next step's reading, a pass over the vocabulary per row, could not have changed it: it
+        is skipped, a probe's step included. Rows then forecast from the batch-wide estimate
+        until the step after a plan could draft again, when reading resumes."""
         best = self.forecasts(policies, caps, remaining is not None, most_confident=True)
         return not any(self._optimal(best, catch_up, remaining, serves, tested)[0])
 
