@@ -34,8 +34,10 @@ def traced(out):
     plan, forecasts = controller.GoodputController.plan, controller.GoodputController.forecasts
     seen: dict = {}
 
-    def forecasts_and_note(self, policies, caps, finish):
-        made = forecasts(self, policies, caps, finish)
+    def forecasts_and_note(self, policies, caps, finish, most_confident=False):
+        made = forecasts(self, policies, caps, finish, most_confident)
+        if most_confident:  # the confidence-moot check's bound, not the rows' forecasts
+            return made
         long_run = self.long_run.estimates(1, None, self.strength)
         seen.update(
             long_run=long_run[0],

@@ -168,16 +168,15 @@ class ConfidenceCalibration:
         self.tested[b] += 1.0
         self.accepted[b] += float(accepted)
 
-    def acceptance(self, confidence: float, prior: float) -> float:
-        b = self._bin(confidence)
+    def _in_bin(self, b: int, prior: float) -> float:
         return (self.accepted[b] + self.strength * prior) / (self.tested[b] + self.strength)
+
+    def acceptance(self, confidence: float, prior: float) -> float:
+        return self._in_bin(self._bin(confidence), prior)
 
     def highest(self, prior: float) -> float:
         """The most any confidence can make of `prior`: the best bin's acceptance."""
-        return max(
-            (accepted + self.strength * prior) / (tested + self.strength)
-            for accepted, tested in zip(self.accepted, self.tested, strict=True)
-        )
+        return max(self._in_bin(b, prior) for b in range(self.bins))
 
 
 @dataclass
