@@ -7,7 +7,9 @@
 # prompt here), 16 at batch 4 to 16, all 32 at batch 32 so that batch is full.
 # SV_PROFILE=FILE is SV's table (default: the one profiled in BENCHMARKS §4 on another CPU); NO_SV=1
 # leaves SV out (its cost does not depend on the controller); K="1 2" sets the constant k's;
-# BATCHES="2 4" the greedy batch sizes (default all); NO_T07=1 leaves the T = 0.7 runs out.
+# BATCHES="2 4" the greedy batch sizes (default all); NO_T07=1 leaves the T = 0.7 runs out;
+# REPEATS=N repeats each batch N times (default 3; many repeats of plain decoding and the controller
+# alone, K=" " NO_SV=1, give repeats.py's paired interval, which the host's drift does not widen).
 # Resumable: re-running it measures only what is missing (same CPU model). Then:
 #   specpilot plot-batches $OUT/greedy_b{1,2,4,8,16,32}.json
 #   python docs/bench/batch_table.py $OUT/greedy_b{1,2,4,8,16,32}.json
@@ -20,7 +22,7 @@ SV=(--method sd:policy=sv,sv_profile=${SV_PROFILE:-docs/bench/sv_profile_ee8.jso
 bench() {  # name, batch, limit, flags...
   name=$1 batch=$2 limit=$3; shift 3
   specpilot bench --prompts docs/bench/heldout_alpaca_32.jsonl --limit "$limit" --max-new-tokens 48 \
-    --repeats 3 --batch-size "$batch" --quiet "$@" \
+    --repeats "${REPEATS:-3}" --batch-size "$batch" --quiet "$@" \
     --json-out "$OUT/$name.json" > "$OUT/$name.txt" 2>&1
 }
 GREEDY=()

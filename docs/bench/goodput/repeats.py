@@ -8,6 +8,12 @@ batch_table.py hide which batch and repeat it was). From a run log of docs/bench
 - per batch and repeat, plain decoding's and the controller's seconds split into the prompt read,
   target forwards, drafting and the rest (the draft model's reads of prompts and accepted tokens
   when rows start or resume, planning, commits; from the first row's records);
+- over every batch and repeat, each method's paired speed over plain decoding, and the
+  controller's over each other method: the geometric mean of the per-(batch, repeat) ratios
+  with its 95 % interval (t on the log ratios; the two runs of a pair ran back to back, so the
+  host's drift between repeats cancels, unlike in medians of repeats), and the ratio of summed
+  wall times; for the controller over plain decoding also apart over the pairs where it
+  drafted nothing (what watching costs) and where it drafted (probes and plans);
 - with `--steps`, the controller's steps of each batch and repeat: per row a character per step
   (its accepted count where it drafted, `.` where it did not), then each step's draft ms.
 
@@ -18,8 +24,11 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import statistics
 import sys
+
+from scipy import stats as scipy_stats
 
 BASELINE, CONTROLLER = "ar", "sd:policy=goodput"
 
@@ -76,8 +85,56 @@ def print_steps(rows: list) -> None:
         print("    draft ms", " ".join(map(str, draft_ms)))
 
 
+def drafted(rows: list, repeat: int) -> bool:
+    """Whether any row drafted on any step of this repeat (a probe included)."""
+    return any(record["num_drafted"] for stats in runs(rows, repeat) for record in stats["records"])
+
+
+def paired(batches: list[dict], base: str, name: str, when=None) -> str:
+    """`name`'s speed over `base`'s, paired per batch and repeat: the geometric mean of the
+    ratios with its 95 % interval (t on the log ratios), and the ratio of summed wall times;
+    over the pairs `when(name's rows, repeat)` holds for, if given."""
+    pairs = [
+        (wall(batch["runs"][base], r), wall(batch["runs"][name], r))
+        for batch in batches
+        for r in range(len(batch["runs"][base][0]))
+        if when is None or when(batch["runs"][name], r)
+    ]
+    if not pairs:
+        return f"{name.removeprefix('sd:')} over {base.removeprefix('sd:')}: no such pairs"
+    logs = [math.log(b / n) for b, n in pairs]
+    mean = statistics.fmean(logs)
+    half = math.nan
+    if len(logs) > 1:
+        half = scipy_stats.t.ppf(0.975, len(logs) - 1) * statistics.stdev(logs)
+        half /= math.sqrt(len(logs))
+    summed = sum(b for b, _ in pairs) / sum(n for _, n in pairs)
+    return (f"{name.removeprefix('sd:')} over {base.removeprefix('sd:')}: paired "
+            f"{math.exp(mean):.3f} [{math.exp(mean - half):.3f}, {math.exp(mean + half):.3f}] "
+            f"over {len(pairs)} batch-repeats; summed walls {summed:.3f}")  # fmt: skip
+
+
+def idle(rows: list, repeat: int) -> bool:
+    return not drafted(rows, repeat)
+
+
+def paired_summary(batches: list[dict]) -> None:
+    """Each method over plain decoding, and the controller over each other method."""
+    names = list(batches[0]["runs"])
+    for name in names:
+        if name != BASELINE:
+            print(paired(batches, BASELINE, name))
+    if CONTROLLER in names:
+        print("  where it drafted nothing:", paired(batches, BASELINE, CONTROLLER, when=idle))
+        print("  where it drafted:", paired(batches, BASELINE, CONTROLLER, when=drafted))
+        for name in names:
+            if name not in (BASELINE, CONTROLLER):
+                print(paired(batches, name, CONTROLLER))
+
+
 def main(path: str, steps: bool) -> None:
-    for batch in load(path):
+    batches = load(path)
+    for batch in batches:
         methods = batch["runs"]
         base = methods[BASELINE]
         speeds = []
@@ -94,6 +151,7 @@ def main(path: str, steps: bool) -> None:
                       f"{split(methods[CONTROLLER], r)}")  # fmt: skip
             if steps:
                 print_steps(methods[CONTROLLER])
+    paired_summary(batches)
 
 
 if __name__ == "__main__":
