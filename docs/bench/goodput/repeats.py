@@ -27,6 +27,7 @@ import json
 import math
 import statistics
 import sys
+from collections.abc import Callable
 
 from scipy import stats as scipy_stats
 
@@ -90,7 +91,9 @@ def drafted(rows: list, repeat: int) -> bool:
     return any(record["num_drafted"] for stats in runs(rows, repeat) for record in stats["records"])
 
 
-def paired(batches: list[dict], base: str, name: str, when=None) -> str:
+def paired(
+    batches: list[dict], base: str, name: str, when: Callable[[list, int], bool] | None = None
+) -> str:
     """`name`'s speed over `base`'s, paired per batch and repeat: the geometric mean of the
     ratios with its 95 % interval (t on the log ratios), and the ratio of summed wall times;
     over the pairs `when(name's rows, repeat)` holds for, if given."""
@@ -115,6 +118,7 @@ def paired(batches: list[dict], base: str, name: str, when=None) -> str:
 
 
 def idle(rows: list, repeat: int) -> bool:
+    """Whether no row drafted on any step of this repeat: the controller only watched."""
     return not drafted(rows, repeat)
 
 
