@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Issue 17's held-out bench: the eagle head PPOW started from (the committed one, or INIT) against the
-# heads trained from it for the same updates on the same samples: continued distillation
+# Issue 17's held-out bench: the eagle head PPOW started from (the committed one, or INIT) against
+# the heads trained from it for the same updates on the same samples: continued distillation
 # (--baseline distill), PPOW, PPOW without ADAW and PPOW without the proximity reward, each
 # drafting the EAGLE-2 default tree, against plain decoding. 24 held-out prompts (8 MT-Bench
 # first turns, 8 HumanEval, 8 GSM8K-test), 128 tokens, greedy and T = 1.
