@@ -10,7 +10,8 @@
 # BATCHES="2 4" the greedy batch sizes (default all); NO_T07=1 leaves the T = 0.7 runs out;
 # REPEATS=N repeats each batch N times (default 3; many repeats of plain decoding and the controller
 # alone, K=" " NO_SV=1, give repeats.py's paired interval, which the host's drift does not widen).
-# Resumable: re-running it measures only what is missing (same CPU model). Then:
+# Resumable: re-running it measures only what is missing (same CPU model and REPEATS: a report is
+# keyed on its configuration, so more repeats need another OUT). Then:
 #   specpilot plot-batches $OUT/greedy_b{1,2,4,8,16,32}.json
 #   python docs/bench/batch_table.py $OUT/greedy_b{1,2,4,8,16,32}.json
 set -u

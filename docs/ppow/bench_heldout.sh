@@ -9,7 +9,8 @@
 # INIT: the head folder the runs started from (--init; default the target's committed head);
 # TARGET (default smollm2-135m-instruct); REPEATS (default 3); LIMIT (prompts per
 # category, default all 8); TEMPS (default "0 1"). Reports: $OUT/heldout_t{0,1}.json.
-# Resumable: re-running it measures only what is missing (same CPU model).
+# Resumable: re-running it measures only what is missing (same CPU model and REPEATS: a report
+# is keyed on its configuration, so more repeats need another OUT).
 set -u
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-docs/ppow/bench}
