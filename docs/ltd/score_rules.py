@@ -114,6 +114,24 @@ def decode(log, trees, cost, forecast, running, sizes, calibration) -> dict:
             "size": size_sum / cycles}  # fmt: skip
 
 
+def compare(log, cost, nets, best, sizes, rules: dict, label: str = "") -> dict:
+    """`rules` (name → replay result) beside the best static tree, LTD's policies and the
+    hindsight ceiling, printed as ratios to the best static tree."""
+    static = Chooser(log, fixed_depth=best["depth"], fixed_size=best["size"])
+    rows = {
+        "best static": replay_throughput(log, cost, static),
+        "LTD both": replay_throughput(log, cost, Chooser(log, nets.depth, nets.size)),
+        **rules,
+        "ceiling": hindsight_throughput(log, cost, range(1, log.shape.max_depth + 1), sizes),
+    }
+    base = rows["best static"]["tokens_per_s"]
+    for key, row in rows.items():
+        speed = row["tokens_per_s"]
+        print(f"{label}{key:15} {speed:8.3f} tok/s {speed / base:6.3f}  "
+              f"depth {row['depth']:.2f} V {row['size']:.1f}")  # fmt: skip
+    return rows
+
+
 def what_if(cost: CostModel, slope: float, draft_scale: float) -> CostModel:
     sizes = list(range(1, 130))
     rows = [[cost.verify(1, c) * (1 + slope * (n - 1)) for n in sizes] for c in cost.contexts]
@@ -152,21 +170,12 @@ def main() -> None:
         trees = Trees(part)
         score = lambda p, t=trees: calibration * np.exp(t.scores[p])  # noqa: E731
         table_of = lambda p, t=trees: table[t.depths[p], np.digitize(t.scores[p], BINS)]  # noqa: E731
-        static = Chooser(part, fixed_depth=best["depth"], fixed_size=best["size"])
-        rows = {
-            "best static": replay_throughput(part, cost, static),
-            "LTD both": replay_throughput(part, cost, Chooser(part, nets.depth, nets.size)),
+        rules = {
             "score": decode(part, trees, cost, score, False, sizes, calibration),
             "score, running": decode(part, trees, cost, score, True, sizes, calibration),
             "calibrated": decode(part, trees, cost, table_of, False, sizes, calibration),
-            "ceiling": hindsight_throughput(part, cost, range(1, part.shape.max_depth + 1), sizes),
         }
-        base = rows["best static"]["tokens_per_s"]
-        for key, row in rows.items():
-            speed = row["tokens_per_s"]
-            print(f"{name:5} {key:15} {speed:8.3f} tok/s {speed / base:6.3f}  "
-                  f"depth {row['depth']:.2f} V {row['size']:.1f}")  # fmt: skip
-        result[name] = rows
+        result[name] = compare(part, cost, nets, best, sizes, rules, label=f"{name:5} ")
     suffix = "" if args.verify_slope is None else f"_slope{args.verify_slope}"
     (args.run / f"score_rules{suffix}.json").write_text(json.dumps(result, indent=1) + "\n")
 

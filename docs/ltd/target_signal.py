@@ -39,7 +39,7 @@ from safetensors import safe_open
 from safetensors.numpy import load_file
 
 sys.path.insert(0, str(Path(__file__).parent))
-from score_rules import Trees, decode  # noqa: E402
+from score_rules import Trees, compare, decode  # noqa: E402
 
 from specpilot.api import load_models  # noqa: E402
 from specpilot.models.chat import encode_prompt  # noqa: E402
@@ -47,9 +47,6 @@ from specpilot.policies.ltd_net import LtdNets, resolve_policies  # noqa: E402
 from specpilot.training.eagle.data import DataOptions, training_prompts  # noqa: E402
 from specpilot.training.ltd.cost import CostModel  # noqa: E402
 from specpilot.training.ltd.envs import (  # noqa: E402
-    Chooser,
-    hindsight_throughput,
-    replay_throughput,
     static_grid,
 )
 from specpilot.training.ltd.replay import ReplayLog  # noqa: E402
@@ -262,23 +259,11 @@ def main() -> None:
         print(f"{name}: log loss {result[f'log_loss {name}']:.4f}", file=sys.stderr)
     best = max(static_grid(log, cost), key=lambda row: row["tokens_per_s"])
     result["best_static"] = [best["depth"], best["size"]]
-    static = Chooser(log, fixed_depth=best["depth"], fixed_size=best["size"])
-    sizes = range(1, 49)
-    rows = {
-        "best static": replay_throughput(log, cost, static),
-        "LTD both": replay_throughput(log, cost, Chooser(log, nets.depth, nets.size)),
-        **{
-            f"rule, {name}": decode(log, trees, cost, f.__getitem__, False, sizes, 1.0)
-            for name, f in forecasts.items()
-        },  # fmt: skip
-        "ceiling": hindsight_throughput(log, cost, range(1, log.shape.max_depth + 1), sizes),
+    rules = {
+        f"rule, {name}": decode(log, trees, cost, f.__getitem__, False, range(1, 49), 1.0)
+        for name, f in forecasts.items()
     }
-    base = rows["best static"]["tokens_per_s"]
-    for key, row in rows.items():
-        speed = row["tokens_per_s"]
-        print(f"{key:22} {speed:8.3f} tok/s {speed / base:6.3f}  "
-              f"depth {row['depth']:.2f} V {row['size']:.1f}")  # fmt: skip
-    result["all"] = rows
+    result["all"] = compare(log, cost, nets, best, range(1, 49), rules)
     result["upfront_depth"] = upfront_depth(log, cost, signals)
     (args.run / "target_signal.json").write_text(json.dumps(result, indent=1) + "\n")
 
