@@ -7,7 +7,8 @@ target's distributions that produced x_t, x_{t−1}, … (the last verify pass c
 script asks how much they add, on a `train-ltd --out RUN` replay:
 
 1. one teacher-forced target forward per recorded prompt gives, at every position, the target's
-   top-1 probability and entropy on the tokens it just committed;
+   top-1 probability and entropy on the tokens it just committed (and, for the correlations of
+   `correlations` and the non-causal bound below, on the next ones);
 2. two per-node acceptance models (a small MLP on the top 64 nodes of each tree, cross-fitted in
    5 folds by prompt so that every position is forecast by a model that never saw its prompt):
    `draft` reads the node's cumulative score, its own step's log-probability, its depth and rank;
@@ -236,6 +237,27 @@ def upfront_depth(log: ReplayLog, cost: CostModel, signals) -> dict:
     return {"best_static_depth": best, **rows}
 
 
+def correlations(log: ReplayLog, target: np.ndarray) -> dict:
+    """How the accepted length of the best static tree (3, 14) correlates with the draft's best
+    first-level score and with the target's top-1 probability on x_t and x_{t+1}: across all
+    positions, and within each quartile of that draft score (what the target adds)."""
+    accepted = np.array([log.accepted(p, 3, 14) for p in range(len(log))])
+    draft = np.exp(log.scores[:, : log.shape.topk].max(axis=1))
+    signals = {"target on x_t": target[:, HISTORY - 1, 0], "target on x_t+1": target[:, HISTORY, 0]}
+    quartile = np.digitize(draft, np.quantile(draft, [0.25, 0.5, 0.75]))
+    out = {"all": {"draft": float(np.corrcoef(draft, accepted)[0, 1])}}
+    out["all"] |= {k: float(np.corrcoef(x, accepted)[0, 1]) for k, x in signals.items()}
+    for q in range(4):
+        keep = quartile == q
+        out[f"draft quartile {q + 1}"] = {
+            k: float(np.corrcoef(x[keep], accepted[keep])[0, 1]) for k, x in signals.items()
+        }
+    for key, row in out.items():
+        print(f"correlation with accepted (3, 14), {key}: "
+              + ", ".join(f"{k} {v:.3f}" for k, v in row.items()))  # fmt: skip
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("run", type=Path)
@@ -249,6 +271,7 @@ def main() -> None:
     target = target_confidence(args.run, config["target"], log)
     trees = Trees(log)
     result: dict = {"cost_model": cost.source, "positions": len(log)}
+    result["correlations"] = correlations(log, target)
     forecasts = {}
     past = target[:, :HISTORY].reshape(len(log), -1)  # what a chooser at x_t can see
     future = target[:, HISTORY:].reshape(len(log), -1)  # the next HISTORY tokens' (hindsight)
