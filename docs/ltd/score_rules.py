@@ -53,6 +53,7 @@ class Trees:
         shape = log.shape
         n = shape.candidates(shape.max_depth)
         depths = node_depths(shape)[:n]
+        self.max_depth = shape.max_depth
         self.scores, self.depths, self.on_path = [], [], []
         for p in range(len(log)):
             scores = log.scores[p, :n]

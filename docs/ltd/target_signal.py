@@ -9,9 +9,9 @@ script asks how much they add, on a `train-ltd --out RUN` replay:
 1. one teacher-forced target forward per recorded prompt gives, at every position, the target's
    top-1 probability and entropy on the tokens it just committed (and, for the correlations of
    `correlations` and the non-causal bound below, on the next ones);
-2. two per-node acceptance models (a small MLP on the top 64 nodes of each tree, cross-fitted in
-   5 folds by prompt so that every position is forecast by a model that never saw its prompt):
-   `draft` reads the node's cumulative score, its own step's log-probability, its depth and rank;
+2. three per-node acceptance models (a small MLP on the top 64 nodes of each tree, cross-fitted
+   in 5 folds by prompt so that every position is forecast by a model that never saw its prompt):
+   `draft` reads the node's cumulative score, its depth and its rank;
    `draft + target, past` also reads the target's confidence on the last four committed tokens
    (what a chooser can see); `draft + target, next tokens` reads it on the next four instead, a
    non-causal bound on what any target-side observation could add;
@@ -47,9 +47,7 @@ from specpilot.models.chat import encode_prompt  # noqa: E402
 from specpilot.policies.ltd_net import LtdNets, resolve_policies  # noqa: E402
 from specpilot.training.eagle.data import DataOptions, training_prompts  # noqa: E402
 from specpilot.training.ltd.cost import CostModel  # noqa: E402
-from specpilot.training.ltd.envs import (  # noqa: E402
-    static_grid,
-)
+from specpilot.training.ltd.envs import static_grid  # noqa: E402
 from specpilot.training.ltd.replay import ReplayLog  # noqa: E402
 
 HISTORY, TOP, FOLDS = 4, 64, 5
@@ -119,7 +117,8 @@ def node_features(trees: Trees, p: int, target: np.ndarray | None) -> np.ndarray
     """[nodes, k] features of position p's tree, in the drafter's rank order."""
     scores, depths = trees.scores[p], trees.depths[p]
     n = len(scores)
-    columns = [scores[:, None], np.eye(13, dtype=np.float32)[depths][:, 1:],
+    one_hot = np.eye(trees.max_depth + 1, dtype=np.float32)[depths][:, 1:]
+    columns = [scores[:, None], one_hot,
                np.log1p(np.arange(n, dtype=np.float32))[:, None] / 7]  # fmt: skip
     if target is not None:
         columns.append(np.broadcast_to(target[p], (n, len(target[p]))))
@@ -131,19 +130,29 @@ def fit(trees: Trees, positions: np.ndarray, target, seed: int) -> torch.nn.Modu
     x = np.concatenate([node_features(trees, p, target)[:TOP] for p in positions])
     y = np.concatenate([trees.on_path[p][:TOP] for p in positions]).astype(np.float32)
     torch.manual_seed(seed)
-    net = torch.nn.Sequential(
-        torch.nn.Linear(x.shape[1], 64), torch.nn.ReLU(),
-        torch.nn.Linear(64, 64), torch.nn.ReLU(),
-        torch.nn.Linear(64, 1),
-    )  # fmt: skip
-    optimizer = torch.optim.Adam(net.parameters(), lr=2e-3)
-    x, y = torch.from_numpy(x), torch.from_numpy(y)
+    net = mlp(x.shape[1], 1)
     generator = torch.Generator().manual_seed(seed)
-    for _ in range(4):
-        for batch in torch.randperm(len(x), generator=generator).split(1024):
-            loss = torch.nn.functional.binary_cross_entropy_with_logits(
-                net(x[batch]).squeeze(-1), y[batch]
-            )
+    bce = lambda out, y: torch.nn.functional.binary_cross_entropy_with_logits(out.squeeze(-1), y)  # noqa: E731
+    return train(net, x, y, bce, epochs=4, batch_size=1024, generator=generator)
+
+
+def mlp(inputs: int, outputs: int) -> torch.nn.Module:
+    """The 2×64 ReLU MLP both forecasters use."""
+    return torch.nn.Sequential(
+        torch.nn.Linear(inputs, 64), torch.nn.ReLU(),
+        torch.nn.Linear(64, 64), torch.nn.ReLU(),
+        torch.nn.Linear(64, outputs),
+    )  # fmt: skip
+
+
+def train(net, x: np.ndarray, y: np.ndarray, loss_of, epochs: int, batch_size: int,
+          generator: torch.Generator | None = None) -> torch.nn.Module:  # fmt: skip
+    """Adam (lr 2e-3) on shuffled minibatches; `loss_of(net output, labels)`."""
+    optimizer = torch.optim.Adam(net.parameters(), lr=2e-3)
+    x, y = torch.as_tensor(x, dtype=torch.float32), torch.as_tensor(y, dtype=torch.float32)
+    for _ in range(epochs):
+        for batch in torch.randperm(len(x), generator=generator).split(batch_size):
+            loss = loss_of(net(x[batch]), y[batch])
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
@@ -205,25 +214,14 @@ def upfront_depth(log: ReplayLog, cost: CostModel, signals) -> dict:
     rows["hindsight depth"] = walk(log, cost, accepted, by_goodput(accepted))
     first_level = np.sort(log.scores[:, : log.shape.topk], axis=1)[:, ::-1]
     base = np.c_[first_level, log.context_len / 1000]
+    mse = lambda out, y: ((out - y) ** 2).mean()  # noqa: E731
     for name, signal in signals:
         x = base if signal is None else np.c_[base, signal]
         predicted = np.zeros(accepted.shape, np.float32)
         for fold, held in folds(log):
             torch.manual_seed(fold)
-            net = torch.nn.Sequential(
-                torch.nn.Linear(x.shape[1], 64), torch.nn.ReLU(),
-                torch.nn.Linear(64, 64), torch.nn.ReLU(),
-                torch.nn.Linear(64, UPFRONT_DEPTHS),
-            )  # fmt: skip
-            optimizer = torch.optim.Adam(net.parameters(), lr=2e-3)
-            inputs = torch.tensor(x[~held], dtype=torch.float32)
-            labels = torch.tensor(accepted[~held], dtype=torch.float32)
-            for _ in range(60):
-                for batch in torch.randperm(len(inputs)).split(256):
-                    loss = ((net(inputs[batch]) - labels[batch]) ** 2).mean()
-                    optimizer.zero_grad()
-                    loss.backward()
-                    optimizer.step()
+            net = train(mlp(x.shape[1], UPFRONT_DEPTHS), x[~held], accepted[~held], mse,
+                        epochs=60, batch_size=256)  # fmt: skip
             with torch.no_grad():
                 predicted[held] = net(torch.tensor(x[held], dtype=torch.float32)).numpy()
         rows[f"regression, {name}"] = walk(log, cost, accepted, by_goodput(predicted))
@@ -237,11 +235,12 @@ def upfront_depth(log: ReplayLog, cost: CostModel, signals) -> dict:
     return {"best_static_depth": best, **rows}
 
 
-def correlations(log: ReplayLog, target: np.ndarray) -> dict:
-    """How the accepted length of the best static tree (3, 14) correlates with the draft's best
+def correlations(log: ReplayLog, target: np.ndarray, best: dict) -> dict:
+    """How the accepted length of the best static tree correlates with the draft's best
     first-level score and with the target's top-1 probability on x_t and x_{t+1}: across all
     positions, and within each quartile of that draft score (what the target adds)."""
-    accepted = np.array([log.accepted(p, 3, 14) for p in range(len(log))])
+    depth, size = best["depth"], best["size"]
+    accepted = np.array([log.accepted(p, depth, size) for p in range(len(log))])
     draft = np.exp(log.scores[:, : log.shape.topk].max(axis=1))
     signals = {"target on x_t": target[:, HISTORY - 1, 0], "target on x_t+1": target[:, HISTORY, 0]}
     quartile = np.digitize(draft, np.quantile(draft, [0.25, 0.5, 0.75]))
@@ -253,7 +252,7 @@ def correlations(log: ReplayLog, target: np.ndarray) -> dict:
             k: float(np.corrcoef(x[keep], accepted[keep])[0, 1]) for k, x in signals.items()
         }
     for key, row in out.items():
-        print(f"correlation with accepted (3, 14), {key}: "
+        print(f"correlation with accepted ({depth}, {size}), {key}: "
               + ", ".join(f"{k} {v:.3f}" for k, v in row.items()))  # fmt: skip
     return out
 
@@ -270,8 +269,10 @@ def main() -> None:
     cost = CostModel.load(args.run / "cost.json")
     target = target_confidence(args.run, config["target"], log)
     trees = Trees(log)
-    result: dict = {"cost_model": cost.source, "positions": len(log)}
-    result["correlations"] = correlations(log, target)
+    best = max(static_grid(log, cost), key=lambda row: row["tokens_per_s"])
+    result: dict = {"cost_model": cost.source, "positions": len(log),
+                    "best_static": [best["depth"], best["size"]]}  # fmt: skip
+    result["correlations"] = correlations(log, target, best)
     forecasts = {}
     past = target[:, :HISTORY].reshape(len(log), -1)  # what a chooser at x_t can see
     future = target[:, HISTORY:].reshape(len(log), -1)  # the next HISTORY tokens' (hindsight)
@@ -280,13 +281,12 @@ def main() -> None:
     for name, signal in signals:
         forecasts[name], result[f"log_loss {name}"] = cross_fit(log, trees, signal)
         print(f"{name}: log loss {result[f'log_loss {name}']:.4f}", file=sys.stderr)
-    best = max(static_grid(log, cost), key=lambda row: row["tokens_per_s"])
-    result["best_static"] = [best["depth"], best["size"]]
+    sizes = range(1, 49)
     rules = {
-        f"rule, {name}": decode(log, trees, cost, f.__getitem__, False, range(1, 49), 1.0)
+        f"rule, {name}": decode(log, trees, cost, f.__getitem__, False, sizes, 1.0)
         for name, f in forecasts.items()
     }
-    result["all"] = compare(log, cost, nets, best, range(1, 49), rules)
+    result["all"] = compare(log, cost, nets, best, sizes, rules)
     result["upfront_depth"] = upfront_depth(log, cost, signals)
     (args.run / "target_signal.json").write_text(json.dumps(result, indent=1) + "\n")
 
