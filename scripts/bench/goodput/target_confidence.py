@@ -1,4 +1,4 @@
-"""Does the target's own confidence forecast the draft's acceptance? (BENCHMARKS §10.26.)
+"""Does the target's own confidence forecast the draft's acceptance? (BENCHMARKS-2026-11 §10.26.)
 
 For each prompt of a batch bench's run log, the target is teacher-forced on plain decoding's
 answer (the `ar` run) and its top probability taken at every answer position; constant k = 1's
@@ -6,7 +6,7 @@ steps (the `sd:k=1` run) say whether the token drafted at each position was acce
 per request the mean confidence (first 8 positions, whole answer) against k = 1's acceptance, and
 per step the acceptance by the mean confidence of the 4 positions before the drafted one.
 
-    python docs/bench/goodput/target_confidence.py RUNS.jsonl[.gz] PROMPTS.jsonl LIMIT
+    python scripts/bench/goodput/target_confidence.py RUNS.jsonl[.gz] PROMPTS.jsonl LIMIT
 """
 
 from __future__ import annotations

@@ -6,17 +6,20 @@
 # measures the same tree), the tree with the prompt-lookup branch, and the tree with SVIP.
 # Resumable: re-running it on the same CPU model measures only the prompts not yet in its run log
 # (the categories take turns, so a part-way run holds each alike). Tables:
-#   python docs/eagle/bench_table.py $OUT/qwen_heldout.json
+#   python scripts/eagle/bench_table.py $OUT/qwen_heldout.json
+# DVI_ADAPTER is the DVI row's adapter; the one measured is no longer in the tree:
+#   git checkout d5c3d13 -- docs/dvi/adapters/qwen2.5-coder-1.5b-k2-full-u8
 set -u
 cd "$(dirname "$0")/../.."
-OUT=${OUT:-/work/runs/bench14_done}
+OUT=${OUT:-runs/bench14_done}
 mkdir -p "$OUT"
+DVI_ADAPTER=${DVI_ADAPTER:-docs/dvi/adapters/qwen2.5-coder-1.5b-k2-full-u8}
 V=draft_vocab=16384,draft_vocab_corpus=../shared/data/sharegpt_sample.jsonl
 specpilot bench --prompts docs/eagle/heldout_24.jsonl --max-turns 1 --max-new-tokens 128 --repeats 3 \
   --quiet \
   --method sd:k=2 \
   --method sd:drafter=ngram \
-  --method sd:drafter=dvi,adapter=docs/dvi/adapters/qwen2.5-coder-1.5b-k2-full-u8,k=1,branches=8,$V \
+  --method sd:drafter=dvi,adapter=$DVI_ADAPTER,k=1,branches=8,$V \
   --method sd:drafter=eagle,topk=1,depth=4 \
   --method sd:drafter=eagle,depth=3,topk=4,nodes=8 \
   --method sd:drafter=eagle,depth=3,topk=4,nodes=8,lookup=7 \

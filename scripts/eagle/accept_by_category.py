@@ -5,8 +5,8 @@ each head is scored on those answers as the trainer's validation scores it: firs
 and the chain accepted length of its unrolled steps. With heads taken after more and more training
 positions this is issue 14's acceptance-vs-training-tokens curve per category.
 
-    python docs/eagle/accept_by_category.py --out /work/runs/accept14 \
-        --head untrained --head /work/runs/eagle-qwen15/head --head default
+    python scripts/eagle/accept_by_category.py --out runs/accept14 \
+        --head untrained --head runs/eagle-qwen15/head --head default
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""Prefill per turn of MT-Bench conversations (BENCHMARKS.md §7): SmolLM2-135M, n-gram drafter.
+"""Prefill per turn of MT-Bench conversations (BENCHMARKS-2026-11 §7): SmolLM2-135M, n-gram drafter.
 
-Usage: python docs/bench/prefill_reuse.py QUESTIONS DTYPE > out.json
+Usage: python scripts/bench/prefill_reuse.py QUESTIONS DTYPE > out.json
 Each conversation starts from an empty cache (as in `specpilot bench`); prints, per conversation
 and turn, the prompt length, the tokens the prefill fed, prefill seconds and the answer's ids.
 """

@@ -1,5 +1,6 @@
-"""The markdown table of BENCHMARKS §9 from bench-serve reports: python serve_table.py DIR NAME...
-(DIR/NAME.c1.json and DIR/NAME.json, as docs/serve/serve_bench*.sh write them)."""
+"""The markdown table of BENCHMARKS-2026-11 §9 from bench-serve reports:
+python serve_table.py DIR NAME...
+(DIR/NAME.c1.json and DIR/NAME.json, as scripts/serve/serve_bench*.sh write them)."""
 
 import json
 import sys

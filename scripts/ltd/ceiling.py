@@ -1,10 +1,11 @@
-"""LTD's headroom on a `train-ltd --out RUN` replay (BENCHMARKS §11.5): train-ltd's replay summary
-(trainer.replay_summary: the best static tree of the training positions, the EAGLE-2 default, the
+"""LTD's headroom on a `train-ltd --out RUN` replay (BENCHMARKS-2026-11 §11.5): train-ltd's replay
+summary (trainer.replay_summary: the best static tree of the training positions, the EAGLE-2
+default, the
 target's committed policies and each use's hindsight ceiling) on its validation split and on all
 positions, plus two more ceilings (depth 1..max with sizes 1-32 added to the size grid; depth
 alone at the best static V); prints a table and writes RUN/ceiling.json.
 
-    python docs/ltd/ceiling.py RUN [TARGET]
+    python scripts/ltd/ceiling.py RUN [TARGET]
 """
 
 import json

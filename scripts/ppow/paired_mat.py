@@ -4,7 +4,7 @@ for each pair of methods, the mean over prompts of (MAT_a − MAT_b), each promp
 over its repeats, ± the standard error of that mean. At T > 0 two methods sample different
 texts, so the pairing is by prompt, not by position.
 
-    python docs/ppow/paired_mat.py docs/ppow/bench_t1ans/heldout_t1.json
+    python scripts/ppow/paired_mat.py runs/ppow_bench/heldout_t1.json
 """
 
 from __future__ import annotations

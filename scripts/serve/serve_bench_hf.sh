@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The transformers-generate baseline server under the same load (levels bounded at 120 s).
 set -u
-cd /work/main
-OUT=/work/runs/serve
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-runs/serve}
+mkdir -p "$OUT"
 PROMPTS=docs/eagle/heldout_24.jsonl
 specpilot serve --backend hf-generate --target smollm2-135m-instruct --max-length 1024 --port 8125 > $OUT/hf.server.log 2>&1 &
 pid=$!

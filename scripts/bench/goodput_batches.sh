@@ -5,7 +5,8 @@
 # last 32 AlpacaEval instructions of ../shared/data/alpaca_sample.jsonl (no eagle head or SV table
 # trained on them): the first 8 at batch 1 and 2 (a batch-1 run of all six methods costs ~3 min per
 # prompt here), 16 at batch 4 to 16, all 32 at batch 32 so that batch is full.
-# SV_PROFILE=FILE is SV's table (default: the one profiled in BENCHMARKS §4 on another CPU); NO_SV=1
+# SV_PROFILE=FILE is SV's table (default: the one profiled in the archived notebook's §4 on another CPU,
+# docs/benchmarks/archive/BENCHMARKS-2026-11.md); NO_SV=1
 # leaves SV out (its cost does not depend on the controller); K="1 2" sets the constant k's;
 # BATCHES="2 4" the greedy batch sizes (default all); NO_T07=1 leaves the T = 0.7 runs out;
 # REPEATS=N repeats each batch N times (default 3; many repeats of plain decoding and the controller
@@ -13,10 +14,10 @@
 # Resumable: re-running it measures only what is missing (same CPU model and REPEATS: a report is
 # keyed on its configuration, so more repeats need another OUT). Then:
 #   specpilot plot-batches $OUT/greedy_b{1,2,4,8,16,32}.json
-#   python docs/bench/batch_table.py $OUT/greedy_b{1,2,4,8,16,32}.json
+#   python scripts/bench/batch_table.py $OUT/greedy_b{1,2,4,8,16,32}.json
 set -u
 cd "$(dirname "$0")/../.."
-OUT=${OUT:-/work/runs/goodput18}
+OUT=${OUT:-runs/goodput18}
 mkdir -p "$OUT"
 SV=(--method sd:policy=sv,sv_profile=${SV_PROFILE:-docs/bench/sv_profile_ee8.json})
 [ -n "${NO_SV:-}" ] && SV=()

@@ -1,5 +1,6 @@
 """Where a batch bench's controller gained or lost, per batch of prompts and repeat (the medians of
-batch_table.py hide which batch and repeat it was). From a run log of docs/bench/goodput_batches.sh:
+batch_table.py hide which batch and repeat it was). From a run log of
+scripts/bench/goodput_batches.sh:
 
 - per batch, each method's speed over plain decoding's in the same repeat (batch wall time, the
   slowest row's `total_s`), one number per repeat;
@@ -17,7 +18,7 @@ batch_table.py hide which batch and repeat it was). From a run log of docs/bench
 - with `--steps`, the controller's steps of each batch and repeat: per row a character per step
   (its accepted count where it drafted, `.` where it did not), then each step's draft ms.
 
-    python docs/bench/goodput/repeats.py RUNS.jsonl[.gz] [--steps]
+    python scripts/bench/goodput/repeats.py RUNS.jsonl[.gz] [--steps]
 """
 
 from __future__ import annotations

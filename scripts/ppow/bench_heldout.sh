@@ -13,7 +13,7 @@
 # is keyed on its configuration, so more repeats need another OUT).
 set -u
 cd "$(dirname "$0")/../.."
-OUT=${OUT:-docs/ppow/bench}
+OUT=${OUT:-runs/ppow_bench}
 RUNS=${RUNS:?set RUNS to the folder of the train-ppow runs}
 mkdir -p "$OUT"
 HEADS=()

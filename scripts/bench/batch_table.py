@@ -1,11 +1,11 @@
-"""Issue 18's table from the batch-size reports of docs/bench/goodput_batches.sh: per batch, every
-method's goodput (tokens of all rows / wall time of the batch; median of the repeats) against
+"""Issue 18's table from the batch-size reports of scripts/bench/goodput_batches.sh: per batch,
+every method's goodput (tokens of all rows / wall time of the batch; median of the repeats) against
 plain decoding, and the controller against the best of plain decoding and constant k (by
 medians), both as the ratio of medians and paired: the median over repeats of the controller's
 speed over that method's in the same repeat (the methods of a repeat run back to back, so slow
 drifts of the host cancel in the pair; they do not in the medians of separate runs).
 
-    python docs/bench/batch_table.py /work/runs/goodput18/greedy_b{1,2,4,8,16,32}.json
+    python scripts/bench/batch_table.py runs/goodput18/greedy_b{1,2,4,8,16,32}.json
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Does the target's own confidence tell LTD more than the draft's scores? (BENCHMARKS §11.10)
+"""Does the target's own confidence tell LTD more than the draft's scores?
+(BENCHMARKS-2026-11 §11.10)
 
 §11.8 found that every chooser reading the draft's scores gains +2–4 % over the best static tree
 on replay while a chooser that knew each cycle's outcome gains +14–25 %, and named the target's
@@ -24,7 +25,7 @@ script asks how much they add, on a `train-ltd --out RUN` replay:
    accepted length at each depth 1–8 from the first level's scores, the context length and each
    target signal, cross-fitted the same way, against every static depth and the hindsight depth.
 
-    python docs/ltd/target_signal.py RUN [--policies DIR]     # writes RUN/target_signal.json
+    python scripts/ltd/target_signal.py RUN [--policies DIR]     # writes RUN/target_signal.json
 """
 
 from __future__ import annotations

@@ -4,11 +4,11 @@
 # each prompt with its own seed) are docs/ppow/data/smol_t1_answers.jsonl.gz; all three runs
 # share one --feature-cache folder (the target's taps, last hidden states and, for PPOW's
 # rollouts, KV caches: ~5 GB). Resumable: re-run it after an interruption. One thread each
-# (two runs side by side on two cores); OUT (default ppow_t1, from the repository root) holds
+# (two runs side by side on two cores); OUT (default runs/ppow_t1, from the repository root) holds
 # ppow/, distill/, no-adaw/ and features/.
 set -eu
 cd "$(dirname "$0")/../.."
-OUT=${OUT:-ppow_t1}
+OUT=${OUT:-runs/ppow_t1}
 FC="$OUT/features"
 mkdir -p "$OUT/ppow/data"
 [ -s "$OUT/ppow/data/responses.jsonl" ] ||

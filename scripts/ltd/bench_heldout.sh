@@ -10,7 +10,7 @@
 # Resumable: re-running it measures only what is missing (same CPU model).
 set -u
 cd "$(dirname "$0")/../.."
-OUT=${OUT:-docs/ltd/bench}
+OUT=${OUT:-runs/ltd_bench}
 mkdir -p "$OUT"
 P=${POLICIES:+,policies=$POLICIES}
 LTD=sd:drafter=eagle,policy=ltd$P

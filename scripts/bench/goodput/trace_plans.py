@@ -9,9 +9,9 @@ a line per step; `bins` prints, from a bench's run log, the controller's draftin
 first-position acceptance by the row's running target confidence (as the controller keeps and
 bins it).
 
-    TRACE=FILE python docs/bench/goodput/trace_plans.py run BENCH-ARGS...
-    python docs/bench/goodput/trace_plans.py show FILE BATCH
-    python docs/bench/goodput/trace_plans.py bins RUNS.jsonl[.gz]
+    TRACE=FILE python scripts/bench/goodput/trace_plans.py run BENCH-ARGS...
+    python scripts/bench/goodput/trace_plans.py show FILE BATCH
+    python scripts/bench/goodput/trace_plans.py bins RUNS.jsonl[.gz]
 """
 
 from __future__ import annotations

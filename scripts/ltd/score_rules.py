@@ -1,7 +1,7 @@
 """How much can any chooser that reads the draft's scores gain over the best static tree? Hand-
-written rules on a `train-ltd --out RUN` replay (BENCHMARKS §11.8), beside the best static tree,
-LTD's policies and the hindsight ceiling (docs/ltd/ceiling.py), on the validation split and on
-all positions.
+written rules on a `train-ltd --out RUN` replay (BENCHMARKS-2026-11 §11.8), beside the best static
+tree, LTD's policies and the hindsight ceiling (scripts/ltd/ceiling.py), on the validation split
+and on all positions.
 
 Each rule grows the tree a level at a time and stops at the first level that does not raise
 max_V G(d, V) = (1 + Σ_{i≤V} a_i) / (T_draft(d) + T_verify(V + 1)), the a_i the forecast
@@ -18,7 +18,7 @@ has not drafted (causal, as LTD's depth policy). Forecasts, fitted on the traini
 `--draft-scale X` multiplies its draft times (what-ifs for a CPU where tokens are dear: float32
 on an AVX2-only CPU is S ≈ 0.3-0.5).
 
-    python docs/ltd/score_rules.py RUN [--policies DIR] [--verify-slope S --draft-scale X]
+    python scripts/ltd/score_rules.py RUN [--policies DIR] [--verify-slope S --draft-scale X]
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # bench-serve on SmolLM2: plain decoding vs speculative backends, same load, one at a time.
 set -u
-cd /work/main
-OUT=/work/runs/serve
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-runs/serve}
+mkdir -p "$OUT"
 PROMPTS=docs/eagle/heldout_24.jsonl
 run() {  # name, serve flags...
   name=$1; shift

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# BENCHMARKS §10: issue 18's controller with the measured GEMM plan, on whatever CPU runs it
+# BENCHMARKS-2026-11 §10: issue 18's controller with the measured GEMM plan, on whatever CPU runs it
 # (there: an AVX2-only AMD EPYC, so --dtype auto is float32). Batch 1 (6 held-out prompts) and
 # batch 16 (16), plain decoding, constant k = 1, 2, 3 and the goodput controller, greedy, 48
 # tokens, 3 repeats; then the target's latency curve without and with the plan. Resumable
 # (same CPU model). Then:
-#   python docs/bench/batch_table.py $OUT/greedy_b1.json $OUT/greedy_b16.json
+#   python scripts/bench/batch_table.py $OUT/greedy_b1.json $OUT/greedy_b16.json
 set -u
 cd "$(dirname "$0")/../.."
-OUT=${OUT:-/work/runs/goodput18h}
+OUT=${OUT:-runs/goodput18h}
 mkdir -p "$OUT"
 METHODS=(--method sd:k=1 --method sd:k=2 --method sd:k=3 --method sd:policy=goodput)
 for spec in "1 6" "16 16"; do

@@ -4,7 +4,7 @@
 # one server at a time, same load. 64 tokens per request to fit a session; levels bounded at 300 s (hf-generate, one request at a time: 120 s).
 set -u
 cd "$(dirname "$0")/../.."
-OUT=${OUT:-/work/runs/serve_pair}
+OUT=${OUT:-runs/serve_pair}
 PROMPTS=docs/eagle/heldout_24.jsonl
 TARGET=qwen2.5-coder-1.5b-instruct
 DRAFT=qwen2.5-coder-0.5b-instruct

@@ -1,6 +1,6 @@
-"""Markdown tables of a `specpilot bench` JSON report for BENCHMARKS §8: speedup and MAT per
+"""Markdown tables of a `specpilot bench` JSON report for BENCHMARKS-2026-11 §8: speedup and MAT per
 category, acceptance by draft depth, and the draft's cost per step as a fraction of a plain
-target step: python docs/eagle/bench_table.py REPORT.json
+target step: python scripts/eagle/bench_table.py REPORT.json
 
 Draft cost: the bench's timings are those of the first repeat, so a method's steps are its first
 repeat's tokens over its MAT, and a plain step is `ar`'s target time per token. Acceptance by
