@@ -44,11 +44,15 @@ LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 FENCE = re.compile(r"^(```|~~~)")
 
 
-def tracked(*paths: str) -> list[Path]:
-    """Files git tracks under the paths (so untracked run outputs never count)."""
-    out = subprocess.run(
-        ["git", "ls-files", "-z", "--", *paths], cwd=ROOT, capture_output=True, check=True
-    )
+def tracked(folder: str) -> list[Path]:
+    """Files git tracks under the folder (untracked run outputs do not count); every file there
+    where the tree is no git checkout."""
+    try:
+        out = subprocess.run(
+            ["git", "ls-files", "-z", "--", folder], cwd=ROOT, capture_output=True, check=True
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return [path for path in ROOT.joinpath(folder).rglob("*") if path.is_file()]
     return [ROOT / name for name in out.stdout.decode().split("\0") if name]
 
 
