@@ -27,14 +27,16 @@ def load_checkpoint(out: Path, shape: EagleShape, config: dict) -> tuple[EagleHe
     if head.shape != shape:  # the head's own choices: draft vocabulary, taps, MLP width
         raise ConfigError(
             f"{out} holds a head of another shape ({_diff(asdict(head.shape), asdict(shape))}); "
-            "resume with the same options or use a new --out"
+            "resume with the same options or use a new out folder",
+            options=("out",),
         )
     state = torch.load(checkpoint / "state.pt", weights_only=False)
     saved, current = _training_settings(state.get("config")), _training_settings(config)
     if saved is not None and saved != current:
         raise ConfigError(
             f"{out} holds a run with other settings ({_diff(saved, current)}); "
-            "resume with the same options or use a new --out"
+            "resume with the same options or use a new out folder",
+            options=("out",),
         )
     return head, state
 

@@ -75,7 +75,8 @@ def train_ppow(
     if candidates[0].numel() == 0:
         raise ConfigError(
             f"no training response has {config.window} tokens: use longer answers "
-            "(--gen-max-new-tokens) or a smaller --window"
+            "(gen_max_new_tokens) or a smaller window",
+            options=("gen_max_new_tokens", "window"),
         )
     resumed = load_checkpoint(out, init.shape, asdict(config))
     if resumed is None:
