@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 from specpilot.errors import ConfigError
 
 
-def require(condition: bool, message: str) -> None:
-    """Raise `ConfigError(message)` unless `condition` holds."""
+def require(condition: bool, message: str, options: tuple[str, ...] = ()) -> None:
+    """Raise `ConfigError(message, options)` unless `condition` holds."""
     if not condition:
-        raise ConfigError(message)
+        raise ConfigError(message, options)
 
 
 @dataclass(frozen=True)

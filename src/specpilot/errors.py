@@ -3,11 +3,23 @@
 Every error a user can cause (bad config, unknown model, mismatched tokenizers, prompt too long,
 corrupt cache) derives from `SpecpilotError`; the CLI prints its message and exits non-zero
 instead of showing a traceback.
+
+Messages speak the Python API's language: they name API arguments (`eagle_head`, `sv_profile`),
+never command-line flags, and record those arguments in `options`; the CLI appends the flags that
+set them on the command that failed (`cli.error_flags`).
 """
+
+from __future__ import annotations
 
 
 class SpecpilotError(Exception):
-    """Base class of errors caused by the user's input or environment."""
+    """Base class of errors caused by the user's input or environment.
+
+    `options`: the API arguments (keyword names, e.g. "sv_profile") the message is about."""
+
+    def __init__(self, message: str, options: tuple[str, ...] = ()):
+        super().__init__(message)
+        self.options = tuple(options)
 
 
 class ConfigError(SpecpilotError, ValueError):

@@ -35,7 +35,8 @@ class ArtefactKind:
     """The file that marks a folder of this kind."""
     subfolder: str
     """Where the training command's --out folder keeps the finished artefact."""
-    flag: str
+    option: str
+    """The API argument that names a folder of this kind, e.g. "eagle_head"."""
     train_command: str
 
 
@@ -47,7 +48,9 @@ def resolve_artefact(kind: ArtefactKind, path: str | Path | None, target_name: s
         if not (folder / kind.config_file).is_file():
             raise ConfigError(
                 f"no {kind.what} committed for {target_name!r}; make one with `specpilot "
-                f"{kind.train_command} --target {target_name} --out DIR` and pass {kind.flag} DIR"
+                f"{kind.train_command} --target {target_name} --out DIR` and pass DIR as "
+                f"{kind.option}",
+                (kind.option,),
             )
         return folder
     folder = Path(path).expanduser()
@@ -55,5 +58,5 @@ def resolve_artefact(kind: ArtefactKind, path: str | Path | None, target_name: s
     if not (folder / kind.config_file).is_file() and (inner / kind.config_file).is_file():
         return inner
     if not folder.exists():
-        raise ConfigError(f"{kind.what} not found: {folder}")
+        raise ConfigError(f"{kind.what} not found: {folder}", (kind.option,))
     return folder

@@ -7,11 +7,14 @@ import json
 import pytest
 from tiny import TinyTokenizer, tiny_model
 
-from specpilot.cli import main
+from specpilot.bench.run import BenchSettings
+from specpilot.cli import build_parser, error_flags, main
 from specpilot.config import GenerationConfig, SamplingConfig
 from specpilot.engine import SpeculativeEngine
-from specpilot.errors import ConfigError, PromptError
+from specpilot.errors import ConfigError, PromptError, SpecpilotError
+from specpilot.models.chat import encode_prompt
 from specpilot.models.decoder import DecoderRunner
+from specpilot.policies.sv import read_sv_profile
 from specpilot.prompts import read_prompts_file
 from specpilot.registry import make_draft_policy, make_drafter
 
@@ -96,3 +99,53 @@ def test_generation_stops_at_context_end():
     result = engine.generate(list(range(3, 23)), GenerationConfig(max_new_tokens=50))
     assert result.finish_reason == "length"
     assert 20 + len(result.token_ids) == 32
+
+
+@pytest.mark.parametrize(
+    "make, options",
+    [
+        (lambda: read_sv_profile(None), ("sv_profile",)),
+        (lambda: BenchSettings(prompts=("p.jsonl",), repeats=0), ("repeats",)),
+        (lambda: encode_prompt(TinyTokenizer(), " "), ("prompt", "prompts_file")),
+    ],
+)
+def test_api_errors_name_api_arguments_not_flags(make, options):
+    """A Python caller reads the argument it passed, never the flag that sets it (a command to
+    run, like `specpilot profile-sv --out PATH`, may still be quoted)."""
+    with pytest.raises(SpecpilotError) as caught:
+        make()
+    message = str(caught.value)
+    assert caught.value.options == options
+    assert options[0] in message
+    assert not any(f"--{option.replace('_', '-')}" in message for option in options)
+
+
+def test_cli_appends_the_flags_of_the_command(capsys, monkeypatch):
+    """The CLI adds the flag that sets each argument the error names, and only flags the
+    failing command has."""
+    import specpilot.cli.generate as generate
+
+    def fail(args):
+        raise ConfigError("SV needs an acceptance profile (sv_profile)", ("sv_profile", "nothing"))
+
+    monkeypatch.setattr(generate, "run", fail)
+    code, err = run_cli(capsys, "generate", "--prompt", "hi")
+    assert code == 2
+    assert err == "error: SV needs an acceptance profile (sv_profile) (--sv-profile)\n"
+
+
+def test_cli_prints_a_core_error_with_its_flag(capsys):
+    code, err = run_cli(capsys, "bench", "--prompts", "p.jsonl", "--repeats", "0")
+    assert code == 2
+    assert err.strip() == "error: repeats must be >= 1, got 0 (--repeats)"
+
+
+def test_error_without_options_prints_its_message_only(capsys, monkeypatch):
+    import specpilot.cli.generate as generate
+
+    def fail(args):
+        raise ConfigError("plain")
+
+    monkeypatch.setattr(generate, "run", fail)
+    assert run_cli(capsys, "generate", "--prompt", "hi") == (2, "error: plain\n")
+    assert error_flags(ConfigError("m", ("no_such_option",)), build_parser()) == []

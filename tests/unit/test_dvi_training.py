@@ -429,7 +429,7 @@ def test_adapter_round_trip(model, tmp_path):
 def test_adapter_for_another_split_is_refused(model, tmp_path):
     runner = DecoderRunner(model)
     DraftHead(runner, 2).save(tmp_path / "adapter")
-    with pytest.raises(ConfigError, match=r"trained for .*split=2.*--dvi-split"):
+    with pytest.raises(ConfigError, match=r"trained for .*split=2.*dvi_split"):
         DraftHead(runner, 1).load(tmp_path / "adapter")
     other_model = tiny_model("qwen2", seed=0, dtype=torch.float64, num_layers=3)
     with pytest.raises(ConfigError, match="num_layers=4"):

@@ -138,7 +138,8 @@ class HFMethod:
         if len(conversations) != 1:
             raise ConfigError(
                 "transformers methods (hf, hf-assisted, hf-pld) run batches of one: use "
-                "--batch-size 1 or drop them from --method"
+                "batch_size 1 or drop them from the methods",
+                ("batch_size", "method"),
             )
         (turns,) = conversations
         if "assistant_model" in self.extra:

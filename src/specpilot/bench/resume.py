@@ -88,8 +88,9 @@ class RunLog:
             found = entries[0].get("key") if entries else "nothing readable"
             raise ConfigError(
                 f"{self.path} holds runs of another bench configuration or machine "
-                f"({_difference(found, self.key)}); use another --json-out, or delete that file "
-                "to start over"
+                f"({_difference(found, self.key)}); use another json_out, or delete that file "
+                "to start over",
+                ("json_out",),
             )
         with open(self.path, "r+b") as log:
             log.truncate(min(valid_bytes, log.seek(0, os.SEEK_END)))

@@ -29,7 +29,8 @@ def bench_methods(texts: list[str], batch_size: int = 1) -> list[MethodSpec]:
     if batch_size > 1 and hf_specs:
         raise ConfigError(
             f"{', '.join(hf_specs)}: transformers' assisted generation and prompt lookup run "
-            "one sequence at a time; use --batch-size 1 for them"
+            "one sequence at a time; use batch_size 1 for them",
+            ("batch_size",),
         )
     return specs
 
@@ -83,8 +84,10 @@ class BenchSettings:
     batch_size: int = 1
 
     def __post_init__(self) -> None:
-        require(self.repeats >= 1, f"--repeats must be >= 1, got {self.repeats}")
-        require(self.batch_size >= 1, f"--batch-size must be >= 1, got {self.batch_size}")
+        require(self.repeats >= 1, f"repeats must be >= 1, got {self.repeats}", ("repeats",))
+        require(
+            self.batch_size >= 1, f"batch_size must be >= 1, got {self.batch_size}", ("batch_size",)
+        )
 
 
 def rooflines(models: ModelPair) -> dict:

@@ -54,20 +54,29 @@ class LoadSettings:
         host = urlsplit(self.url).hostname
         require(
             urlsplit(self.url).scheme == "http" and host in LOOPBACK,
-            f"--url must be an http:// address on this machine ({', '.join(LOOPBACK)}), "
+            f"url must be an http:// address on this machine ({', '.join(LOOPBACK)}), "
             f"got {self.url!r}",
+            ("url",),
         )
         require(
             self.concurrency and all(1 <= c <= MAX_CONCURRENCY for c in self.concurrency),
-            f"--concurrency levels must be in 1..{MAX_CONCURRENCY}, got {self.concurrency}",
+            f"concurrency levels must be in 1..{MAX_CONCURRENCY}, got {self.concurrency}",
+            ("concurrency",),
         )
         require(
             1 <= self.requests <= MAX_REQUESTS,
-            f"--requests must be in 1..{MAX_REQUESTS}, got {self.requests}",
+            f"requests must be in 1..{MAX_REQUESTS}, got {self.requests}",
+            ("requests",),
         )
-        require(self.max_tokens >= 1, f"--max-tokens must be >= 1, got {self.max_tokens}")
-        require(self.temperature >= 0, f"--temperature must be >= 0, got {self.temperature}")
-        require(self.timeout_s > 0, f"--timeout-s must be > 0, got {self.timeout_s}")
+        require(
+            self.max_tokens >= 1, f"max_tokens must be >= 1, got {self.max_tokens}", ("max_tokens",)
+        )
+        require(
+            self.temperature >= 0,
+            f"temperature must be >= 0, got {self.temperature}",
+            ("temperature",),
+        )
+        require(self.timeout_s > 0, f"timeout_s must be > 0, got {self.timeout_s}", ("timeout_s",))
 
 
 @dataclass

@@ -169,7 +169,8 @@ class DraftHead(nn.Module):
             raise ConfigError(
                 f"DVI adapter {str(adapter.folder)!r} was trained for {adapter.shape}, "
                 f"{adapter.lora}, but this head is {self.shape}, {self.lora_settings}; train one "
-                "for this model (specpilot train-dvi) or pass the matching --dvi-split"
+                "for this model (specpilot train-dvi) or pass the matching dvi_split",
+                ("dvi_split",),
             )
         try:
             weights = load_file(str(adapter.folder / "adapter_model.safetensors"))
@@ -218,6 +219,7 @@ def resolve_adapter(path: str | Path) -> Path:
     if not (folder / META_FILE).is_file():
         raise ConfigError(
             f"{str(path)!r} is not a DVI adapter (no {META_FILE}); pass the folder written by "
-            "`specpilot train-dvi --out DIR` or one of its checkpoints"
+            "`specpilot train-dvi --out DIR` or one of its checkpoints",
+            ("dvi_adapter",),
         )
     return folder

@@ -94,7 +94,8 @@ class EagleDrafter:
         require(
             (depth - 1) * topk <= TREE_CAPACITY,
             f"a tree of depth {depth} and top-k {topk} feeds {(depth - 1) * topk} entries; the "
-            f"drafter's cache reserves {TREE_CAPACITY}: lower --tree-depth or --tree-topk",
+            f"drafter's cache reserves {TREE_CAPACITY}: lower tree_depth or tree_topk",
+            ("tree_depth", "tree_topk"),
         )
         if not hasattr(target, "run_batch"):
             raise ConfigError(

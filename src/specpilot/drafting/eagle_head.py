@@ -45,7 +45,7 @@ CONFIG_FILE = "eagle_config.json"
 WEIGHTS_FILE = "model.safetensors"
 FORMAT_VERSION = 1
 HEADS = ArtefactKind(
-    "eagle head", COMMITTED_HEADS, CONFIG_FILE, "head", "--eagle-head", "train-eagle"
+    "eagle head", COMMITTED_HEADS, CONFIG_FILE, "head", "eagle_head", "train-eagle"
 )
 
 
@@ -302,7 +302,8 @@ class EagleHead(nn.Module):
         if not (folder / CONFIG_FILE).is_file() or not (folder / WEIGHTS_FILE).is_file():
             raise ConfigError(
                 f"{str(folder)!r} is not an eagle head folder (it needs {CONFIG_FILE} and "
-                f"{WEIGHTS_FILE}); make one with `specpilot train-eagle --out DIR`"
+                f"{WEIGHTS_FILE}); make one with `specpilot train-eagle --out DIR`",
+                ("eagle_head",),
             )
         try:
             meta = json.loads((folder / CONFIG_FILE).read_text())
@@ -325,7 +326,8 @@ class EagleHead(nn.Module):
             if problem is not None:
                 raise ConfigError(
                     f"eagle head {str(folder)!r} was trained for another target ({problem}); "
-                    "train one for this target with `specpilot train-eagle --target NAME`"
+                    "train one for this target with `specpilot train-eagle --target NAME`",
+                    ("eagle_head",),
                 )
         head = cls(shape, tensors["draft_ids"])
         try:

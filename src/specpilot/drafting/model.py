@@ -47,7 +47,8 @@ class ModelDrafter:
         require(topk >= 1 and nodes >= 1, f"tree topk and nodes must be >= 1, got {topk}, {nodes}")
         if topk > 1 and (branches > 1 or not hasattr(runner, "run")):
             raise ConfigError(
-                "dynamic trees (topk > 1) need the lean decoder backend and no --branches"
+                "dynamic trees (topk > 1) need the lean decoder backend and no branches",
+                ("branches",),
             )
         if vocabulary is not None and not hasattr(runner, "logits_from_hidden"):
             raise ConfigError(

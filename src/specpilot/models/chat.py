@@ -23,9 +23,7 @@ def encode_prompt(tokenizer, prompt: str | Messages, chat: bool = True) -> list[
     """Token ids of the prompt, ready for generation (the assistant turn opened when chatting)."""
     messages = as_messages(prompt)
     if not messages or not any(m.get("content", "").strip() for m in messages):
-        raise PromptError(
-            "the prompt is empty: give some text (--prompt TEXT or --prompts-file FILE)"
-        )
+        raise PromptError("the prompt is empty: give some text", ("prompt", "prompts_file"))
     if chat and getattr(tokenizer, "chat_template", None):
         text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         return list(tokenizer(text, add_special_tokens=False)["input_ids"])

@@ -17,65 +17,33 @@ every row's new tokens (ragged: any number per row) into one matrix, so each wei
 streamed once for the whole batch, and runs attention row by row against that row's slot. No
 padding is computed and rows never see each other's positions.
 Its float32 logits match transformers' for the same weights (tests/unit/test_decoder.py).
+The fused weights live in `decoder_weights`, the attention math in `decoder_attention` and the
+KV cache (slots, rollback, export) in `decoder_cache`; this module runs the layers.
 """
 
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from specpilot.errors import PromptError
+from specpilot.models.decoder_attention import Segment, additive_mask, rms_norm, segment_attention
+from specpilot.models.decoder_cache import DecoderCache
+from specpilot.models.decoder_weights import DecoderLayer, fuse_layer, rotary_tables, supports
 from specpilot.models.gemm import GemmPlan, linear, plan_for
 from specpilot.models.runner import LogitRows, RunnerOutput
-from specpilot.models.synced_cache import CachedTokens
 from specpilot.tree import tree_depths, tree_mask
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
+__all__ = ["LM_HEAD_PLAN_ROWS", "DecoderRunner", "supports"]
 
 LM_HEAD_PLAN_ROWS = 16
 """Rows the LM head's plan covers: a step scores its verified rows only (1 for a plain step, a
 chain or tree of ≤ 16), and timing the largest weight for 48 row counts took 70 s in float32."""
 
 
-@dataclass
-class _Segment:
-    """One row of a packed forward: its cache slot, first position, rows in the packed input,
-    rotary tables and additive attention mask (None for a lone causal token)."""
-
-    slot: int
-    start: int
-    rows: slice
-    cos: torch.Tensor
-    sin: torch.Tensor
-    mask: torch.Tensor | None
-
-
-@dataclass
-class _Layer:
-    input_norm: torch.Tensor
-    qkv: torch.Tensor
-    qkv_bias: torch.Tensor | None
-    o: torch.Tensor
-    o_bias: torch.Tensor | None
-    post_norm: torch.Tensor
-    gate_up: torch.Tensor
-    down: torch.Tensor
-
-
-def supports(config) -> bool:
-    """True when this runner reproduces the architecture exactly."""
-    if getattr(config, "model_type", None) not in SUPPORTED_MODEL_TYPES:
-        return False
-    if getattr(config, "mlp_bias", False):
-        return False
-    window = getattr(config, "sliding_window", None)
-    return not (getattr(config, "use_sliding_window", window is not None) and window)
-
-
-class DecoderRunner:
+class DecoderRunner(DecoderCache):
     """Static-KV-cache decoder built from a loaded transformers Llama/Qwen2 model's weights."""
 
     supports_trees = True
@@ -100,7 +68,7 @@ class DecoderRunner:
         self.final_norm = inner.norm.weight.detach()
         self.lm_head = hf_model.lm_head.weight.detach()
         self.vocab_size = self.lm_head.shape[0]
-        self.layers = [self._fuse(layer) for layer in inner.layers]
+        self.layers = [fuse_layer(layer) for layer in inner.layers]
         self.gemm_plans: dict[str, GemmPlan | None] = {
             name: plan_for(getattr(self.layers[0], name)) if self.layers else None
             for name in ("gate_up", "down")
@@ -109,24 +77,10 @@ class DecoderRunner:
         """How this CPU multiplies the MLP's weights and the LM head (most of a step's weight
         bytes) by a few rows fastest (models.gemm), one plan per product: the best layout
         differs by shape."""
-        rotary = inner.rotary_emb
-        positions = torch.arange(self.max_length, device=self.device, dtype=torch.float32)
-        freqs = torch.outer(positions, rotary.inv_freq.float().to(self.device))
-        angles = torch.cat([freqs, freqs], dim=-1)
-        scale = float(getattr(rotary, "attention_scaling", 1.0))
-        self.cos = (angles.cos() * scale).to(self.dtype)  # [max_length, head_dim]
-        self.sin = (angles.sin() * scale).to(self.dtype)
+        self.cos, self.sin = rotary_tables(
+            inner.rotary_emb, self.max_length, self.device, self.dtype
+        )  # [max_length, head_dim] each
         self._allocate_cache(batch_size)
-
-    def _allocate_cache(self, batch_size: int) -> None:
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        self.batch_size = batch_size
-        shape = (self.num_layers, batch_size, self.num_kv_heads, self.max_length, self.head_dim)
-        self.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
-        self.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
-        self.slot_lengths = [[0] * self.num_layers for _ in range(batch_size)]
-        self.cached = CachedTokens(batch_size)
 
     def early_exit(self, num_layers: int) -> DecoderRunner:
         """The first `num_layers` layers, then this model's final norm and LM head: a cheap
@@ -139,22 +93,6 @@ class DecoderRunner:
         view._allocate_cache(self.batch_size)
         return view
 
-    @staticmethod
-    def _fuse(layer) -> _Layer:
-        attn, mlp = layer.self_attn, layer.mlp
-        projections = (attn.q_proj, attn.k_proj, attn.v_proj)
-        has_bias = attn.q_proj.bias is not None
-        return _Layer(
-            input_norm=layer.input_layernorm.weight.detach(),
-            qkv=torch.cat([p.weight.detach() for p in projections]),
-            qkv_bias=torch.cat([p.bias.detach() for p in projections]) if has_bias else None,
-            o=attn.o_proj.weight.detach(),
-            o_bias=None if attn.o_proj.bias is None else attn.o_proj.bias.detach(),
-            post_norm=layer.post_attention_layernorm.weight.detach(),
-            gate_up=torch.cat([mlp.gate_proj.weight.detach(), mlp.up_proj.weight.detach()]),
-            down=mlp.down_proj.weight.detach(),
-        )
-
     @property
     def streamed_bytes(self) -> int:
         """Bytes of weights one decode step must read (all layers, final norm, LM head; the
@@ -164,102 +102,28 @@ class DecoderRunner:
             tensors += [t for t in vars(layer).values() if t is not None]
         return sum(t.numel() * t.element_size() for t in tensors)
 
-    # -- cache -------------------------------------------------------------------------------
-    @property
-    def lengths(self) -> list[int]:
-        """Per-layer cached lengths of slot 0 (the single-sequence API)."""
-        return self.slot_lengths[0]
-
-    @property
-    def length(self) -> int:
-        return self.lengths[-1]
-
-    def rollback(self, length: int, layers: range | None = None, slot: int = 0) -> None:
-        lengths = self.slot_lengths[slot]
-        for i in layers if layers is not None else range(self.num_layers):
-            lengths[i] = min(lengths[i], length)
-        self.cached.trim(slot, length)
-
-    def reset(self) -> None:
-        self.slot_lengths = [[0] * self.num_layers for _ in range(self.batch_size)]
-        self.cached.clear()
-
-    def cache_state(self, slot: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Copies of `slot`'s keys and values at positions [0, length) (each [layers, kv heads,
-        length, head dim]): a prefill kept to be restored later with `load_cache_state`."""
-        if min(self.slot_lengths[slot]) < length:
-            raise ValueError(
-                f"slot {slot} holds {min(self.slot_lengths[slot])} < {length} positions"
-            )
-        return (
-            self.k_cache[:, slot, :, :length].clone(),
-            self.v_cache[:, slot, :, :length].clone(),
-        )
-
-    def load_cache_state(self, slot: int, keys: torch.Tensor, values: torch.Tensor) -> None:
-        """Make `slot` hold the positions of a `cache_state` (of this model and dtype)."""
-        expected = (self.num_layers, self.num_kv_heads, keys.shape[2], self.head_dim)
-        if keys.shape != expected or values.shape != expected or keys.shape[2] > self.max_length:
-            raise ValueError(
-                f"a cache state of shape {tuple(keys.shape)} does not fit this model's cache "
-                f"(layers, kv heads, positions <= {self.max_length}, head dim) = {expected}"
-            )
-        length = keys.shape[2]
-        self.k_cache[:, slot, :, :length] = keys.to(self.k_cache)
-        self.v_cache[:, slot, :, :length] = values.to(self.v_cache)
-        self.slot_lengths[slot] = [length] * self.num_layers
-        self.cached.trim(slot, 0)
-
-    # -- math --------------------------------------------------------------------------------
-    def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return weight * xf.to(x.dtype)
-
-    @staticmethod
-    def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        half = x.shape[-1] // 2
-        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-        return x * cos + rotated * sin
-
-    def _attention(self, i: int, layer: _Layer, x, segments: list[_Segment]) -> torch.Tensor:
+    # -- layers ------------------------------------------------------------------------------
+    def _attention(self, i: int, layer: DecoderLayer, x, segments: list[Segment]) -> torch.Tensor:
         qkv = linear(x, layer.qkv, layer.qkv_bias)
-        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        outs = [self._segment_attention(i, qkv[seg.rows], seg, q_size, kv_size) for seg in segments]
+        outs = [
+            segment_attention(
+                qkv[seg.rows],
+                seg,
+                self.k_cache[i, seg.slot],
+                self.v_cache[i, seg.slot],
+                self.num_heads,
+                self.num_kv_heads,
+                self.head_dim,
+            )
+            for seg in segments
+        ]
         attended = outs[0] if len(outs) == 1 else torch.cat(outs)
         return linear(attended, layer.o, layer.o_bias)
 
-    def _segment_attention(self, i: int, qkv, seg: _Segment, q_size: int, kv_size: int):
-        """One row's new tokens attend to its own slot: write its keys/values, then attend."""
-        n = qkv.shape[0]
-        q = qkv[:, :q_size].view(n, self.num_heads, self.head_dim).transpose(0, 1)
-        k = (
-            qkv[:, q_size : q_size + kv_size]
-            .view(n, self.num_kv_heads, self.head_dim)
-            .transpose(0, 1)
-        )
-        v = qkv[:, q_size + kv_size :].view(n, self.num_kv_heads, self.head_dim).transpose(0, 1)
-        q, k = self._rope(q, seg.cos, seg.sin), self._rope(k, seg.cos, seg.sin)
-        end = seg.start + n
-        k_cache, v_cache = self.k_cache[i, seg.slot], self.v_cache[i, seg.slot]
-        k_cache[:, seg.start : end] = k
-        v_cache[:, seg.start : end] = v
-        # Fold each GQA group into the query axis ([kv_heads, group * n, head_dim]) so attention
-        # reads the cache once per kv head, without expanding keys/values per query head.
-        group = self.num_heads // self.num_kv_heads
-        grouped_q = q.reshape(self.num_kv_heads, group * n, self.head_dim)
-        out = F.scaled_dot_product_attention(
-            grouped_q[None],
-            k_cache[:, :end][None],
-            v_cache[:, :end][None],
-            attn_mask=None if seg.mask is None else seg.mask.repeat(group, 1),
-        )  # [1, kv_heads, group * n, head_dim]
-        return out[0].reshape(self.num_heads, n, self.head_dim).transpose(0, 1).reshape(n, q_size)
-
-    def _layer(self, i: int, x, segments: list[_Segment]) -> torch.Tensor:
+    def _layer(self, i: int, x, segments: list[Segment]) -> torch.Tensor:
         layer = self.layers[i]
-        x = x + self._attention(i, layer, self._rms_norm(x, layer.input_norm), segments)
-        normed = self._rms_norm(x, layer.post_norm)
+        x = x + self._attention(i, layer, rms_norm(x, layer.input_norm, self.eps), segments)
+        normed = rms_norm(x, layer.post_norm, self.eps)
         gate, up = linear(normed, layer.gate_up, None, self.gemm_plans["gate_up"]).chunk(2, dim=-1)
         return x + linear(F.silu(gate) * up, layer.down, None, self.gemm_plans["down"])
 
@@ -270,7 +134,7 @@ class DecoderRunner:
         rows, e.g. a reduced draft vocabulary)."""
         plan = self.gemm_plans["lm_head"] if head is None else None
         head = self.lm_head if head is None else head
-        return linear(self._rms_norm(hidden, self.final_norm), head, None, plan).float()
+        return linear(rms_norm(hidden, self.final_norm, self.eps), head, None, plan).float()
 
     # -- forward -----------------------------------------------------------------------------
     @torch.inference_mode()
@@ -324,7 +188,7 @@ class DecoderRunner:
         end_layer: int,
         position_ids: torch.Tensor | None = None,
         tree_mask: torch.Tensor | None = None,
-    ) -> _Segment:
+    ) -> Segment:
         """Where n new tokens of `slot` go (rows offset..offset+n of the packed input), checked."""
         lengths = self.slot_lengths[slot]
         start = lengths[start_layer]
@@ -341,29 +205,14 @@ class DecoderRunner:
             cos, sin = self.cos[start : start + n], self.sin[start : start + n]
         else:
             cos, sin = self.cos[position_ids], self.sin[position_ids]
-        mask = self._mask(start, n, tree_mask)
-        return _Segment(slot, start, slice(offset, offset + n), cos, sin, mask)
+        mask = additive_mask(start, n, tree_mask, self.dtype, self.device)
+        return Segment(slot, start, slice(offset, offset + n), cos, sin, mask)
 
-    def _advance(self, segments: list[_Segment], start_layer: int, end_layer: int) -> None:
+    def _advance(self, segments: list[Segment], start_layer: int, end_layer: int) -> None:
         for seg in segments:
             lengths = self.slot_lengths[seg.slot]
             for i in range(start_layer, end_layer):
                 lengths[i] = seg.start + seg.rows.stop - seg.rows.start
-
-    def _mask(self, start: int, n: int, tree_mask: torch.Tensor | None) -> torch.Tensor | None:
-        """Additive [n, start + n] mask (0 = attend, -inf = not), None for a lone causal token.
-        `tree_mask` is [n, n] among the new tokens (every cached position visible), or
-        [n, start + n] over the whole cache (a multi-level draft tree hides other branches)."""
-        if n == 1 and tree_mask is None:
-            return None
-        local = tree_mask if tree_mask is not None else torch.ones(n, n, dtype=torch.bool).tril()
-        local = local.to(torch.bool).cpu()
-        if local.shape[1] == start + n:
-            allowed = local
-        else:
-            allowed = torch.cat([torch.ones(n, start, dtype=torch.bool), local], dim=1)
-        mask = torch.zeros(allowed.shape, dtype=self.dtype)
-        return mask.masked_fill_(~allowed, float("-inf")).to(self.device)
 
     def forward(self, input_ids: list[int], logits: LogitRows = "all") -> torch.Tensor | None:
         return self.run(input_ids, logits=logits).logits
@@ -384,17 +233,6 @@ class DecoderRunner:
         draft tree, fed with its tree mask and depth positions (see `keep_path`)."""
         outs = self.run_batch(rows, slots, logits=logits, head=head, trees=trees)
         return [out and out.logits for out in outs]
-
-    def keep_path(self, slot: int, start: int, path: tuple[int, ...]) -> None:
-        """After a tree fed from cache position `start` (its root): move the keys/values of the
-        accepted nodes `path` (node i sits at start + 1 + i) to start + 1, start + 2, ..., where
-        a chain would have put them. The caller then rolls back to the committed length."""
-        if list(path) == list(range(len(path))):
-            return  # the chain's own positions already
-        source = torch.tensor([start + 1 + i for i in path], device=self.device)
-        target = torch.arange(start + 1, start + 1 + len(path), device=self.device)
-        for cache in (self.k_cache, self.v_cache):
-            cache[:, slot, :, target] = cache[:, slot, :, source]
 
     @torch.inference_mode()
     def run_batch(

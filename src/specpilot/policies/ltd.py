@@ -125,13 +125,15 @@ class LtdPolicy:
         max depth (the model drafter's depth is the policy's budget)."""
         require(
             drafter in ("eagle", "model"),
-            f"--policy ltd shapes dynamic trees: use --drafter eagle (or model), not {drafter!r}",
+            f"policy 'ltd' shapes dynamic trees: use drafter 'eagle' (or 'model'), not {drafter!r}",
+            ("policy", "drafter"),
         )
         topk = given.get("topk")
         require(
             topk is None or int(topk) == self.shape.topk,
             f"these LTD policies were trained on trees of top-k {self.shape.topk}, not {topk}; "
-            f"drop --tree-topk or train policies for it",
+            "drop tree_topk or train policies for it",
+            ("tree_topk",),
         )
         options = {"topk": self.shape.topk}
         if self.decides_depth and drafter == "eagle":

@@ -27,7 +27,7 @@ FORMAT = 1
 COMMITTED_POLICIES = Path(__file__).resolve().parent.parent / "ltd_policies"
 """Policies trained for the offline targets, one folder per target name."""
 POLICIES = ArtefactKind(
-    "LTD policies", COMMITTED_POLICIES, CONFIG_FILE, "policies", "--ltd-policies", "train-ltd"
+    "LTD policies", COMMITTED_POLICIES, CONFIG_FILE, "policies", "ltd_policies", "train-ltd"
 )
 
 DEPTH_REPEATS, SIZE_REPEATS = 14, 29
@@ -124,8 +124,9 @@ class LtdNets:
         path = folder / CONFIG_FILE
         if not path.is_file():
             raise ConfigError(
-                f"{folder} is not an LTD policy folder (no {CONFIG_FILE}); pass the --out folder "
-                "of `specpilot train-ltd` (or its policies/ folder)"
+                f"{folder} is not an LTD policy folder (no {CONFIG_FILE}); pass the output folder "
+                "of `specpilot train-ltd` (or its policies/ folder)",
+                options=("ltd_policies",),
             )
         try:
             config = json.loads(path.read_text())

@@ -135,9 +135,11 @@ class SvVerifyPolicy:
     ) -> tuple[list[list[float]], list[list[float]]]:
         """Per row and drafted token: the forecast p̄_i and the realised p_i (module docstring)."""
         if any(p.k and p.draft_logits is None for p in proposals):
-            raise ConfigError("SV needs a draft model's distributions (--drafter model)")
+            raise ConfigError(
+                "SV needs a draft model's distributions (drafter 'model')", ("drafter",)
+            )
         if any(p.parents is not None for p in proposals):
-            raise ConfigError("SV sizes chains, not draft trees: use branches=1 with --policy sv")
+            raise ConfigError("SV sizes chains, not draft trees: use branches=1", ("branches",))
         companion_logits = self.companion.score(sequences, proposals, slots)
         forecasts, realized = [], []
         for proposal, logits, sampling in zip(proposals, companion_logits, samplings, strict=True):
@@ -181,7 +183,7 @@ def read_sv_profile(path: str | Path | None) -> dict:
     """An SV profile JSON, with a clear error when it is missing or not one."""
     how = "make one with `specpilot profile-sv --out PATH`"
     if not path:
-        raise ConfigError(f"SV needs an acceptance profile (--sv-profile PATH); {how}")
+        raise ConfigError(f"SV needs an acceptance profile (sv_profile); {how}", ("sv_profile",))
     try:
         profile = json.loads(Path(path).read_text())
     except FileNotFoundError:

@@ -139,8 +139,9 @@ class TreeGoodputPolicy:
     def drafter_options(self, drafter: str, given: dict) -> dict:
         require(
             drafter in ("eagle", "model"),
-            f"--policy tree-goodput sizes dynamic trees: use --drafter eagle or model, "
+            f"policy 'tree-goodput' sizes dynamic trees: use drafter 'eagle' or 'model', "
             f"not {drafter!r}",
+            ("policy", "drafter"),
         )
         if drafter != "eagle":
             return given

@@ -98,7 +98,7 @@ class Worker(ABC):
         """Queue a request (QueueFull when `max_queue` are waiting; PromptError for a prompt
         the context cannot hold). The callbacks run on the worker thread."""
         if self.waiting >= self.max_queue:
-            raise QueueFull(f"{self.waiting} requests are waiting (--max-queue {self.max_queue})")
+            raise QueueFull(f"{self.waiting} requests are waiting (max_queue {self.max_queue})")
         request = self._enqueue(prompt_ids, config, on_tokens, on_finish)
         self._wake.set()
         return request

@@ -82,7 +82,8 @@ class TrainDviOptions:
         require(self.keep_checkpoints >= 1, "keep_checkpoints must be >= 1")
         require(
             not self.draft_vocab_corpus or bool(self.draft_vocab),
-            "a draft vocabulary corpus needs the vocabulary's size (--draft-vocab N)",
+            "a draft vocabulary corpus needs the vocabulary's size (draft_vocab)",
+            ("draft_vocab",),
         )
 
 
@@ -184,7 +185,8 @@ def _resume(out: Path, head: DraftHead, learner: DviLearner, meta: dict) -> int:
     if state["meta"] != meta:
         raise ConfigError(
             f"{str(out)!r} holds a run with other settings ({state['meta']}); resume with the "
-            "same options or pass another --out"
+            "same options or another out folder",
+            options=("out",),
         )
     head.load(folder / "adapter")
     learner.load_state_dict(state["learner"])

@@ -94,8 +94,9 @@ def training_prompts(options: DataOptions) -> list[tuple[str, str]]:
         path = Path(options.data_dir) / source
         if not path.is_file():
             raise ConfigError(
-                f"training prompts not found: {path} (set --data-dir to the folder holding "
-                f"{', '.join(options.sources)})"
+                f"training prompts not found: {path} (set data_dir to the folder holding "
+                f"{', '.join(options.sources)})",
+                options=("data_dir",),
             )
         stem = Path(source).stem
         per_source.append(
@@ -238,7 +239,8 @@ def _check_temperature(path: Path, answered: list[dict], temperature: float) -> 
     if other:
         raise ConfigError(
             f"{path} holds answers sampled at temperature {other[0]:g} and this run asks for "
-            f"{temperature:g}: pass the same --gen-temperature, or another --out"
+            f"{temperature:g}: answer at the same temperature, or use another out folder",
+            options=("gen_temperature", "out"),
         )
 
 

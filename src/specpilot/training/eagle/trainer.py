@@ -9,13 +9,13 @@ Stages, each resumable by re-running the same command on the same --out:
    (first-token agreement, chain accepted length). Checkpoints (head + optimizer + position) are
    written atomically every `save_every` updates and at the end, with the final head in
    `out/head` and train_log.csv + learning_curve.png beside it.
+
+Scoring lives in `scoring`, checkpoints in `checkpoints`, the log and plot in `run_log`.
 """
 
 from __future__ import annotations
 
 import copy
-import csv
-import json
 import math
 import random
 import time
@@ -27,17 +27,30 @@ from tqdm import tqdm
 
 from specpilot.config import require
 from specpilot.drafting.eagle_head import EagleHead, EagleShape
-from specpilot.errors import ConfigError
-from specpilot.models.loading import cpu_autocast
+from specpilot.training.eagle.checkpoints import HEAD_DIR, load_checkpoint, save_checkpoint
 from specpilot.training.eagle.data import Sample
 from specpilot.training.eagle.feature_cache import FeatureCache
-from specpilot.training.eagle.features import require_cpu_target, sequence_features
-from specpilot.training.eagle.losses import chain_accepted_length, unrolled_losses
+from specpilot.training.eagle.features import require_cpu_target
+from specpilot.training.eagle.run_log import (
+    CURVE_FILE,
+    LOG_FILE,
+    CsvLog,
+    plot_learning_curve,
+    write_run_config,
+)
+from specpilot.training.eagle.scoring import MetricSums, evaluate, sequence_loss
 
-HEAD_DIR = "head"
-CHECKPOINT_DIR = "checkpoint"
-LOG_FILE = "train_log.csv"
-CURVE_FILE = "learning_curve.png"
+__all__ = [
+    "LOG_FILE",
+    "EagleTrainConfig",
+    "count_updates",
+    "draft_vocabulary_ids",
+    "evaluate",
+    "split_samples",
+    "train_eagle",
+    "warmup_cosine",
+    "write_run_config",
+]
 LOG_COLUMNS = (
     "update", "epoch", "tokens", "loss", "acc1", "acc2", "acc3", "lr", "seconds",
     "val_acc1", "val_tau", "val_entropy", "val_overlap",
@@ -172,7 +185,7 @@ def train_eagle(
     )  # fmt: skip
     started = time.perf_counter() - state.get("seconds", 0.0)
     update, epoch, index = state["update"], state["epoch"], state["index"]
-    scored, sums = 0, _Sums(config.unroll)
+    scored, sums = 0, MetricSums(config.unroll)
     sums.tokens_seen = state["tokens"]
     head.train()
     while epoch < config.epochs and update < total_updates:
@@ -239,74 +252,6 @@ def count_updates(train: list[Sample], config: EagleTrainConfig) -> int:
     return updates
 
 
-def sequence_loss(head, runner, sample, shape, config, target_rows, cache=None, diagnostics=False):
-    """The target's features for one sample (a prefill, or `cache`'s), then the head's unrolled
-    loss on them (matrix products in bf16 autocast as `config.bf16` says); `diagnostics` as
-    unrolled_losses'."""
-    feats = sequence_features(runner, sample, shape.feature_layers, target_rows, cache=cache)
-    with cpu_autocast(config.bf16):
-        return unrolled_losses(
-            head, feats.taps, feats.embeds, feats.target_logits, feats.loss_mask,
-            feats.cos, feats.sin, config.unroll, config.step_decay, diagnostics,
-        )  # fmt: skip
-
-
-@torch.inference_mode()
-def evaluate(head, runner, valid, shape, config, target_rows, cache=None) -> dict:
-    """Held-out first-token agreement (step 1), teacher-forced chain accepted length, and at
-    step 1 the head's entropy in nats and its overlap Σ min(p, q) with the target at T = 1 (RL
-    fine-tuning may sharpen a head that sampled trees rely on, BENCHMARKS §12.2)."""
-    head.eval()
-    hits, count, entropy, overlap, taus = 0, 0, 0.0, 0.0, []
-    for sample in valid:
-        result = sequence_loss(
-            head, runner, sample, shape, config, target_rows, cache, diagnostics=True
-        )
-        n = int(result.valid[0].sum())
-        if n:
-            hits += int(result.correct[0].sum())
-            count += n
-            entropy += result.entropy[0] * n
-            overlap += result.overlap[0] * n
-            taus.append((chain_accepted_length(result.correct, result.valid), n))
-    total = sum(n for _, n in taus)
-    return {
-        "val_acc1": hits / max(count, 1),
-        "val_tau": sum(t * n for t, n in taus) / max(total, 1),
-        "val_entropy": entropy / max(count, 1),
-        "val_overlap": overlap / max(count, 1),
-    }
-
-
-class _Sums:
-    """Running means of the logged metrics over the positions since the last update."""
-
-    def __init__(self, steps: int):
-        self.steps = steps
-        self.tokens_seen = 0
-        self.reset_window()
-
-    def reset_window(self) -> None:
-        self.loss = 0.0
-        self.count = 0
-        self.hits = [0] * self.steps
-        self.valid = [0] * self.steps
-
-    def add(self, result, count: int) -> None:
-        self.loss += float(result.loss.detach()) * count
-        self.count += count
-        self.tokens_seen += count
-        for j in range(self.steps):
-            self.hits[j] += int(result.correct[j].sum())
-            self.valid[j] += int(result.valid[j].sum())
-
-    def means(self) -> dict:
-        row = {"loss": self.loss / max(self.count, 1)}
-        for j in range(min(self.steps, 3)):
-            row[f"acc{j + 1}"] = self.hits[j] / max(self.valid[j], 1)
-        return row
-
-
 def _start_or_resume(
     out: Path, runner, train, shape: EagleShape, config, special: list[int], init
 ) -> tuple[EagleHead, dict]:
@@ -321,47 +266,6 @@ def _start_or_resume(
     return head, {"update": 0, "epoch": 0, "index": 0, "tokens": 0}
 
 
-def load_checkpoint(out: Path, shape: EagleShape, config: dict) -> tuple[EagleHead, dict] | None:
-    """(head, state) of the run checkpointed in `out`, None if there is none; a checkpoint
-    of another head shape or written with other settings (`config`, a dict) is refused rather
-    than silently mixed (how often a run evaluates and saves may change)."""
-    checkpoint = out / CHECKPOINT_DIR
-    if not (checkpoint / "state.pt").is_file():
-        return None
-    head = EagleHead.load(checkpoint / HEAD_DIR, expected=shape)
-    if head.shape != shape:  # the head's own choices: draft vocabulary, taps, MLP width
-        raise ConfigError(
-            f"{out} holds a head of another shape ({_diff(asdict(head.shape), asdict(shape))}); "
-            "resume with the same options or use a new --out"
-        )
-    state = torch.load(checkpoint / "state.pt", weights_only=False)
-    saved, current = _training_settings(state.get("config")), _training_settings(config)
-    if saved is not None and saved != current:
-        raise ConfigError(
-            f"{out} holds a run with other settings ({_diff(saved, current)}); "
-            "resume with the same options or use a new --out"
-        )
-    return head, state
-
-
-def _training_settings(config: dict | None) -> dict | None:
-    """The settings a resumed run must share: all but how often it evaluates and saves and
-    whether it autocasts to bf16, which follows the machine it resumes on (an option added
-    later with default None reads as unset in older runs)."""
-    if config is None:
-        return None
-    skip = ("eval_every", "save_every", "bf16")
-    return {k: v for k, v in config.items() if k not in skip and v is not None}
-
-
-def _diff(saved: dict, current: dict) -> str:
-    return ", ".join(
-        f"{k}: {saved.get(k)!r} → {current.get(k)!r}"
-        for k in sorted(set(saved) | set(current))
-        if saved.get(k) != current.get(k)
-    )
-
-
 def _save(out, head, optimizer, config, update, epoch, index, seconds, sums) -> None:
     state = {
         "update": update,
@@ -373,70 +277,3 @@ def _save(out, head, optimizer, config, update, epoch, index, seconds, sums) -> 
         "optimizer": optimizer.state_dict(),
     }
     save_checkpoint(out, head, state)
-
-
-def save_checkpoint(out: Path, head: EagleHead, state: dict) -> None:
-    """Head folder first, then state.pt by atomic rename: state.pt names a complete head."""
-    checkpoint = out / CHECKPOINT_DIR
-    head.save(checkpoint / HEAD_DIR, dtype=torch.float32)
-    tmp = checkpoint / "state.pt.tmp"
-    torch.save(state, tmp)
-    tmp.replace(checkpoint / "state.pt")
-
-
-class CsvLog:
-    """A training log (CSV), truncated to the resumed update so a restarted run appends
-    cleanly."""
-
-    def __init__(self, path: Path, columns: tuple[str, ...], update: int):
-        self.path, self.columns = path, columns
-        rows = []
-        if path.is_file() and update > 0:
-            with path.open() as f:
-                rows = [r for r in csv.DictReader(f) if int(r["update"]) <= update]
-        with path.open("w", newline="") as f:
-            writer = csv.DictWriter(f, columns)
-            writer.writeheader()
-            writer.writerows(rows)
-
-    def write(self, row: dict) -> None:
-        with self.path.open("a", newline="") as f:
-            csv.DictWriter(f, self.columns, extrasaction="ignore").writerow(
-                {k: (f"{v:.5g}" if isinstance(v, float) else v) for k, v in row.items()}
-            )
-
-
-def plot_learning_curve(log: Path, png: Path) -> None:
-    """Training loss and held-out agreement / accepted length vs training tokens."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    with log.open() as f:
-        rows = list(csv.DictReader(f))
-    if not rows:
-        return
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    tokens = [float(r["tokens"]) for r in rows if r["loss"]]
-    left.plot(tokens, [float(r["loss"]) for r in rows if r["loss"]])
-    left.set(xlabel="training positions", ylabel="soft cross-entropy", title="training loss")
-    evals = [r for r in rows if r["val_acc1"]]
-    if evals:
-        x = [float(r["tokens"]) for r in evals]
-        right.plot(
-            x, [float(r["val_acc1"]) for r in evals], marker="o", label="first-token agreement"
-        )
-        twin = right.twinx()
-        twin.plot(x, [float(r["val_tau"]) for r in evals], marker="s", color="C1", label="chain τ")
-        twin.set_ylabel("accepted length τ (chain)")
-        right.legend(loc="lower right")
-    right.set(xlabel="training positions", ylabel="held-out agreement", title="validation")
-    fig.tight_layout()
-    fig.savefig(png, dpi=100)
-    plt.close(fig)
-
-
-def write_run_config(out: Path, meta: dict) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "train_config.json").write_text(json.dumps(meta, indent=1) + "\n")

@@ -140,7 +140,8 @@ def record_replay(
         raise ConfigError(
             f"{folder} holds replay logs recorded with other settings "
             f"({json.dumps(recorded)}, not {json.dumps(meta)}); "
-            "use another --out or the same settings"
+            "use another out folder or the same settings",
+            options=("out",),
         )
     meta_path.write_text(json.dumps(meta) + "\n")
     done = recorded_ids(folder)

@@ -142,7 +142,8 @@ def judge_windows(
     if per_window > room:
         raise ConfigError(
             f"the target's cache has room for {room} window tokens past the sequence, a group "
-            f"needs {per_window}: raise --max-length"
+            f"needs {per_window}: load the target with a larger max_length",
+            options=("max_length",),
         )
     step = room // per_window
     parts = [
