@@ -26,12 +26,14 @@ from specpilot.policies.controller import (
     ConfidenceCalibration,
     GoodputController,
     GoodputPolicy,
+    best_plan,
+    finish_plan,
     finishing_catch_up,
     finishing_quantile,
     finishing_steps,
 )
-from specpilot.policies.goodput import allocate_batch, expected_accepted, marginal_order
 from specpilot.policies.latency import LatencyCurve
+from specpilot.policies.sv_length import allocate_batch, expected_accepted, marginal_order
 from specpilot.types import StepRecord
 
 
@@ -44,14 +46,14 @@ def controller(
     seconds per step."""
     c = GoodputController(joint=joint)
     for n in range(1, 301):
-        c.verify.add(n, verify(n))
+        c.costs.verify.add(n, verify(n))
     if forward is None:
         for u in range(1, 17):
-            c.draft.add([u], draft(u))
+            c.costs.draft.add([u], draft(u))
     else:
         for r in range(1, 9):
-            c.draft.add([1] * r, forward(r))
-    c.other.append(other)
+            c.costs.draft.add([1] * r, forward(r))
+    c.costs.other.append(other)
     return c
 
 
@@ -59,25 +61,25 @@ def goodput(c: GoodputController, forecasts, budgets) -> float:
     """G of a plan, computed directly from its definition."""
     rows = len(budgets)
     expected = rows + sum(expected_accepted(f, k) for f, k in zip(forecasts, budgets, strict=True))
-    fed = rows + sum(c.nodes(k) for k in budgets)
-    return expected / (c.other[0] + c.draft(budgets) + c.verify(fed))
+    fed = rows + sum(c.costs.nodes(k) for k in budgets)
+    return expected / (c.costs.other[0] + c.costs.draft(budgets) + c.costs.verify(fed))
 
 
 def test_picks_zero_when_verification_is_dear_and_acceptance_low():
     c = controller(lambda n: 0.01 * n, draft=lambda u: 0.002 * u)
-    assert c.best_plan([[0.3] * 6, [0.2] * 6])[0] == [0, 0]
+    assert best_plan(c.costs, [[0.3] * 6, [0.2] * 6])[0] == [0, 0]
 
 
 def test_picks_long_drafts_when_verification_is_flat_and_acceptance_high():
     c = controller(lambda n: 0.01 + 1e-5 * n, draft=lambda u: 0.0005 * u)
-    assert c.best_plan([[0.95] * 8])[0] == [8]
-    assert c.best_plan([[0.95] * 8, [0.9] * 8])[0] == [8, 8]
+    assert best_plan(c.costs, [[0.95] * 8])[0] == [8]
+    assert best_plan(c.costs, [[0.95] * 8, [0.9] * 8])[0] == [8, 8]
 
 
 def test_respects_each_rows_cap():
     """A row's forecast is as long as it may draft (its room), and a cap of 0 drafts nothing."""
     c = controller(lambda n: 0.01 + 1e-5 * n)
-    assert c.best_plan([[0.9] * 2, [0.9] * 5, []])[0] == [2, 5, 0]
+    assert best_plan(c.costs, [[0.9] * 2, [0.9] * 5, []])[0] == [2, 5, 0]
     policies = [GoodputPolicy(max_k=6) for _ in range(3)]
     assert c.plan(policies, [1, 0, 6]) == [1, 0, 6]
 
@@ -86,7 +88,7 @@ def test_weak_rows_wait_while_strong_rows_draft():
     """With verification charged per token, only the rows whose drafts are likely accepted
     draft, and the strong row drafts further than the middling one."""
     c = controller(lambda n: 0.01 + 0.002 * n)
-    plan = c.best_plan([[0.1] * 6, [0.95] * 6, [0.7] * 6])[0]
+    plan = best_plan(c.costs, [[0.1] * 6, [0.95] * 6, [0.7] * 6])[0]
     assert plan[0] == 0 and plan[1] > plan[2] > 0
 
 
@@ -108,7 +110,7 @@ def test_plan_is_the_best_of_all_plans(drafting):
         forecasts = [
             sorted((rng.random() for _ in range(rng.randint(0, 3))), reverse=True) for _ in range(3)
         ]
-        plan = c.best_plan(forecasts)[0]
+        plan = best_plan(c.costs, forecasts)[0]
         best = max(
             goodput(c, forecasts, [a, b, d])
             for a in range(len(forecasts[0]) + 1)
@@ -122,24 +124,28 @@ def test_joint_draft_cost_is_one_forward_per_position_over_the_rows_still_drafti
     """T_draft of a joint drafter: Σ over positions of F(rows drafting that position), F learned
     per rows a forward serves, so one-row probes do not unlearn what eight rows cost."""
     c = GoodputController(joint=True)
-    assert not c.draft.timed and c.draft([2, 2]) == 0.0  # unknown: optimistic, then timed
+    assert (
+        not c.costs.draft.timed and c.costs.draft([2, 2]) == 0.0
+    )  # unknown: optimistic, then timed
     for _ in range(3):
-        c.draft.add([1] * 8, 0.081)
-        c.draft.add([1] + [0] * 7, 0.063)
-        c.draft.add([0, 1] + [0] * 6, 0.063)
-    assert c.draft([1] * 8) == pytest.approx(0.081)
-    assert c.draft([1] + [0] * 7) == pytest.approx(0.063)
-    assert c.draft([2] * 8) == pytest.approx(2 * 0.081)
-    assert c.draft([2, 1, 0, 0]) == pytest.approx(c.draft.forwards(2)[2] + 0.063)
+        c.costs.draft.add([1] * 8, 0.081)
+        c.costs.draft.add([1] + [0] * 7, 0.063)
+        c.costs.draft.add([0, 1] + [0] * 6, 0.063)
+    assert c.costs.draft([1] * 8) == pytest.approx(0.081)
+    assert c.costs.draft([1] + [0] * 7) == pytest.approx(0.063)
+    assert c.costs.draft([2] * 8) == pytest.approx(2 * 0.081)
+    assert c.costs.draft([2, 1, 0, 0]) == pytest.approx(c.costs.draft.forwards(2)[2] + 0.063)
     # beyond the rows timed, the slope over them (the 0.5B's sixteen rows: 104 ms measured)
-    assert c.draft([1] * 16) == pytest.approx(0.081 + 8 * 0.018 / 7)
-    c.draft.add([3, 3, 0], 3 * 0.065)  # a step: its mean rows per forward, its time per forward
-    assert c.draft.curve.measured(2) == 1
+    assert c.costs.draft([1] * 16) == pytest.approx(0.081 + 8 * 0.018 / 7)
+    c.costs.draft.add(
+        [3, 3, 0], 3 * 0.065
+    )  # a step: its mean rows per forward, its time per forward
+    assert c.costs.draft.curve.measured(2) == 1
     last = [0, 0, 0, 0]
-    tally = c.draft.tally(4)  # the plan searches' running total, a position at a time
+    tally = c.costs.draft.tally(4)  # the plan searches' running total, a position at a time
     for budgets in ([1, 0, 0, 0], [1, 1, 0, 0], [2, 1, 0, 0], [2, 1, 1, 0], [2, 2, 1, 0]):
         q = next(q for q, (b, a) in enumerate(zip(budgets, last, strict=True)) if b > a)
-        assert tally.grow(budgets[q]) == pytest.approx(c.draft(budgets))
+        assert tally.grow(budgets[q]) == pytest.approx(c.costs.draft(budgets))
         last = budgets
 
 
@@ -149,8 +155,8 @@ def test_joint_drafting_cost_follows_the_deepest_budget():
     tokens cost a forward of their own."""
     verify = lambda n: 0.01 + 1e-5 * n  # noqa: E731
     draft = lambda u: 0.005 * u  # noqa: E731
-    assert 0 not in controller(verify, draft, joint=True).best_plan([[0.8] * 4] * 8)[0]
-    assert controller(verify, draft, joint=False).best_plan([[0.8] * 4] * 8)[0] == [0] * 8
+    assert 0 not in best_plan(controller(verify, draft, joint=True).costs, [[0.8] * 4] * 8)[0]
+    assert best_plan(controller(verify, draft, joint=False).costs, [[0.8] * 4] * 8)[0] == [0] * 8
 
 
 def test_marginal_order_keeps_sv_allocation():
@@ -306,9 +312,9 @@ def test_low_draft_confidence_stops_drafting_before_the_token():
 
 def test_stop_gain_is_what_a_position_costs_at_the_planned_goodput():
     flat = controller(lambda n: 0.01, draft=lambda u: 0.0)
-    assert flat.best_plan([[0.9] * 4])[1] == 0.0
+    assert best_plan(flat.costs, [[0.9] * 4])[1] == 0.0
     steep = controller(lambda n: 0.01 + 0.001 * n)
-    budgets, stop_gain = steep.best_plan([[0.9] * 4])
+    budgets, stop_gain = best_plan(steep.costs, [[0.9] * 4])
     assert stop_gain == pytest.approx(goodput(steep, [[0.9] * 4], budgets) * 0.001)
 
 
@@ -317,10 +323,10 @@ def test_first_step_is_plain_and_idle_steps_lead_to_a_probe():
     policies = [GoodputPolicy(max_k=4) for _ in range(2)]
     assert c.plan(policies, [4, 4]) == [0, 0]  # nothing measured: the plain step first
     c.observe([0, 0], [StepRecord(0, 0, 0, 1, 0.0, 0.0, 5, 0)] * 2, 0.0, 1.0, 1.0)
-    c.draft.add([1], 0.5)  # drafting does not pay (it would if every draft were accepted)
-    c.long_run.tested = [EXPLORE_SAMPLES]  # and the acceptance is known
-    c.long_run.accepted = [EXPLORE_SAMPLES / 2]
-    c.probe_share = 0.2
+    c.costs.draft.add([1], 0.5)  # drafting does not pay (it would if every draft were accepted)
+    c.batch.long_run.tested = [EXPLORE_SAMPLES]  # and the acceptance is known
+    c.batch.long_run.accepted = [EXPLORE_SAMPLES / 2]
+    c.exploration.probe_share = 0.2
     # a probe: 2.5 expected tokens in 0.5 + 1 s against 2 in 1 s loses 1.5 − 1.25 = 0.25 plain
     # steps, which at probe_share 0.2 makes every second step without drafting a probe
     plans = [c.plan(policies, [4, 4]) for _ in range(4)]
@@ -330,17 +336,17 @@ def test_first_step_is_plain_and_idle_steps_lead_to_a_probe():
 
 def test_probes_are_frequent_where_drafting_nearly_pays():
     c = GoodputController(joint=True)
-    c.verify.add(1, 1.0)
-    c.verify.add(2, 1.0)
+    c.costs.verify.add(1, 1.0)
+    c.costs.verify.add(2, 1.0)
     probe, catch_up = [1], [0.0]
-    c.draft.add([1], 0.6)  # 1.5 tokens in 1.6 s: loses 0.1 of a plain step
-    assert c.probe_gap(probe, [[0.5]], catch_up) == pytest.approx((1.6 - 1.5) / 0.01)
-    c.draft.add([1], 2.0)
-    c.draft.add([1], 2.0)  # far off: 1.5 tokens in 3 s, 1.5 plain steps lost, rare
-    assert c.probe_gap(probe, [[0.5]], catch_up) == pytest.approx((3.0 - 1.5) / 0.01)
-    c.probe_share = 0.001
-    assert c.probe_gap(probe, [[0.5]], catch_up) == MAX_PROBE_GAP
-    assert c.probe_gap([0], [[]], catch_up) == float("inf")
+    c.costs.draft.add([1], 0.6)  # 1.5 tokens in 1.6 s: loses 0.1 of a plain step
+    assert c.exploration.gap(c.costs, probe, [[0.5]], catch_up) == pytest.approx((1.6 - 1.5) / 0.01)
+    c.costs.draft.add([1], 2.0)
+    c.costs.draft.add([1], 2.0)  # far off: 1.5 tokens in 3 s, 1.5 plain steps lost, rare
+    assert c.exploration.gap(c.costs, probe, [[0.5]], catch_up) == pytest.approx((3.0 - 1.5) / 0.01)
+    c.exploration.probe_share = 0.001
+    assert c.exploration.gap(c.costs, probe, [[0.5]], catch_up) == MAX_PROBE_GAP
+    assert c.exploration.gap(c.costs, [0], [[]], catch_up) == float("inf")
     with pytest.raises(ConfigError, match="GoodputPolicy"):
         c.plan([object(), object()], [4, 4])
 
@@ -353,15 +359,15 @@ def test_no_probes_where_even_drafts_always_accepted_would_not_pay():
     flat curve the same controller explores."""
     policies = [GoodputPolicy(max_k=4) for _ in range(4)]
     steep = controller(lambda n: 0.1 * n, draft=lambda u: 0.01 * u)
-    assert steep.long_run.tested_at(0) < EXPLORE_SAMPLES
+    assert steep.batch.long_run.tested_at(0) < EXPLORE_SAMPLES
     assert sum(steep.plan(policies, [4] * 4)) == 1  # T_verify(5) was timed once: re-timed
-    steep.verify.add(5, 0.5)
+    steep.costs.verify.add(5, 0.5)
     assert all(steep.plan(policies, [4] * 4) == [0] * 4 for _ in range(20))
-    steep.idle = MAX_PROBE_GAP - 1
+    steep.exploration.idle = MAX_PROBE_GAP - 1
     assert sum(steep.plan(policies, [4] * 4)) == 1
     flat = controller(lambda n: 0.1 + 0.02 * n, draft=lambda u: 0.08 * u)
-    flat.acceptance.add(1, 0)  # one rejection: drafting looks poor, but is still unknown
-    assert flat.best_plan([f[:4] for f in [[0.1] * 4] * 4])[0] == [0] * 4
+    flat.batch.recent.add(1, 0)  # one rejection: drafting looks poor, but is still unknown
+    assert best_plan(flat.costs, [f[:4] for f in [[0.1] * 4] * 4])[0] == [0] * 4
     assert sum(flat.plan(policies, [4] * 4)) == 1
 
 
@@ -376,8 +382,8 @@ def test_a_new_requests_probe_prices_its_prompt_read_as_plans_do():
     drafting for the rest of its request and the ones after (at batch 2 in bf16, priced whole,
     a probe was due after ~110 idle steps and 48-token requests went undrafted, §10.24)."""
     c = controller(lambda n: 0.497, draft=lambda u: 0.2 * u)
-    c.long_run.tested, c.long_run.accepted = [100.0], [47.0]
-    c.start.append(0.817)
+    c.batch.long_run.tested, c.batch.long_run.accepted = [100.0], [47.0]
+    c.catch_up.start.append(0.817)
     policies = [GoodputPolicy(max_k=4) for _ in range(2)]
     for policy in policies:
         policy.opening = False
@@ -386,7 +392,7 @@ def test_a_new_requests_probe_prices_its_prompt_read_as_plans_do():
     fresh = [GoodputPolicy(max_k=4) for _ in range(2)]  # both rows would read their prompt
     for policy in fresh:
         policy.opening = False
-    c.idle = 0
+    c.exploration.idle = 0
     plans = [c.plan(fresh, [4, 4], remaining=[40, 40]) for _ in range(40)]  # whole: 181 steps
     assert plans[0] == [0, 0] and any(sum(plan) == 1 for plan in plans)
 
@@ -397,32 +403,40 @@ def test_steps_that_catch_the_drafter_up_teach_the_catch_up_cost_not_draft_time(
     make the probes after an idle spell look expensive, and the controller would never draft
     again. It is the start or resume cost instead, learned per row."""
     c = GoodputController(joint=True)
-    c.verify.add(1, 1.0)
+    c.costs.verify.add(1, 1.0)
     policies = [GoodputPolicy(max_k=4)]
     record = StepRecord(1, 1, 1, 2, 0.0, 0.0, 9, 1)
     first = c.plan(policies, [4])
-    assert first == [1] and c.starting == 1  # T_draft unknown: a one-token probe
+    assert first == [1] and c.catch_up.starting == 1  # T_draft unknown: a one-token probe
     c.observe(first, [record], draft_s=5.0, verify_s=1.0, step_s=6.0)  # the prompt's catch-up
-    assert c.draft.curve.measured(1) == 0 and list(c.start) == [5.0] and not c.resume
+    assert (
+        c.costs.draft.curve.measured(1) == 0
+        and list(c.catch_up.start) == [5.0]
+        and not c.catch_up.resume
+    )
     second = c.plan(policies, [4])
-    assert second == [1] and c.starting == c.resuming == 0  # the caught-up row probes again
+    assert (
+        second == [1] and c.catch_up.starting == c.catch_up.resuming == 0
+    )  # the caught-up row probes again
     c.observe(second, [record], draft_s=0.2, verify_s=1.0, step_s=1.2)
-    assert c.draft([1]) == pytest.approx(0.2)
-    c.draft.add([1], 10.0)
-    c.draft.add([1], 10.0)  # drafting now looks hopeless: the row stops, then resumes with a probe
-    c.long_run.tested, c.long_run.accepted = [EXPLORE_SAMPLES], [EXPLORE_SAMPLES / 2]
+    assert c.costs.draft([1]) == pytest.approx(0.2)
+    c.costs.draft.add([1], 10.0)
+    c.costs.draft.add(
+        [1], 10.0
+    )  # drafting now looks hopeless: the row stops, then resumes with a probe
+    c.batch.long_run.tested, c.batch.long_run.accepted = [EXPLORE_SAMPLES], [EXPLORE_SAMPLES / 2]
     assert c.plan(policies, [4]) == [0] and not policies[0].drafted_last
-    c.idle = MAX_PROBE_GAP  # after a long idle spell, the next idle step probes
-    assert c.plan(policies, [4]) == [1] and c.resuming == 1
+    c.exploration.idle = MAX_PROBE_GAP  # after a long idle spell, the next idle step probes
+    assert c.plan(policies, [4]) == [1] and c.catch_up.resuming == 1
     c.observe([1], [record], draft_s=10.0 + 3.0, verify_s=1.0, step_s=14.0)
-    assert list(c.resume) == [3.0]  # the catch-up beyond T_draft(1)
-    assert c.catch_up(GoodputPolicy()) == 5.0 and c.catch_up(policies[0]) == 0.0
+    assert list(c.catch_up.resume) == [3.0]  # the catch-up beyond T_draft(1)
+    assert c.catch_up.expected(GoodputPolicy()) == 5.0 and c.catch_up.expected(policies[0]) == 0.0
 
 
 def test_a_probe_drafts_one_row_and_prefers_one_caught_up():
     """In a batch, a probe pays one row's catch-up, not every row's."""
     c = GoodputController(joint=True)
-    c.verify.add(3, 1.0)
+    c.costs.verify.add(3, 1.0)
     policies = [GoodputPolicy(max_k=4) for _ in range(3)]
     assert c.plan(policies, [4, 4, 4]) == [1, 0, 0]  # T_draft unknown: probe
     assert c.plan(policies, [4, 4, 4]) == [1, 0, 0]  # the same row, now caught up
@@ -439,13 +453,13 @@ def test_resuming_rows_pay_their_catch_up_in_the_plan():
     catch-up costs more than drafting brings, and resume when it is cheap."""
     c = controller(lambda n: 0.1 + 0.002 * n, draft=lambda u: 0.01 * u)
     forecasts = [[0.8] * 4, [0.8] * 4]
-    warm = c.best_plan(forecasts, [0.0, 0.0])[0]
+    warm = best_plan(c.costs, forecasts, [0.0, 0.0])[0]
     assert all(k > 0 for k in warm)
     dear = 1.0  # seconds charged per step for each row catching up
-    assert c.best_plan(forecasts, [dear, dear])[0] == [0, 0]
-    assert c.best_plan(forecasts, [0.0, dear])[0] == [warm[0], 0]
+    assert best_plan(c.costs, forecasts, [dear, dear])[0] == [0, 0]
+    assert best_plan(c.costs, forecasts, [0.0, dear])[0] == [warm[0], 0]
     cheap = 1e-4
-    assert c.best_plan(forecasts, [cheap, cheap])[0] == warm
+    assert best_plan(c.costs, forecasts, [cheap, cheap])[0] == warm
 
 
 def test_a_catch_up_is_spread_over_the_spells_rows_keep():
@@ -454,25 +468,27 @@ def test_a_catch_up_is_spread_over_the_spells_rows_keep():
     counting spells that ended with their request."""
     c = controller(lambda n: 0.1 + 0.002 * n, draft=lambda u: 0.01 * u)
     forecasts = [[0.8] * 4, [0.8] * 4]
-    c.start.append(0.4)  # seconds per row: worth it over 16 steps, not over one
+    c.catch_up.start.append(0.4)  # seconds per row: worth it over 16 steps, not over one
     policies = [GoodputPolicy(max_k=4) for _ in range(2)]
-    charges = [c.charge(policy, whole=False) for policy in policies]
-    assert c.horizon() == RESUME_HORIZON and charges == [0.4 / RESUME_HORIZON] * 2
-    assert all(c.best_plan(forecasts, charges)[0])
-    assert [c.charge(policy, whole=True) for policy in policies] == [0.4, 0.4]
-    c._remember(policies, [1, 1])
-    c._remember(policies, [0, 1])  # row 0 ends a one-step spell
-    assert list(c.spells) == [1] and c.horizon() == 1.0
+    charges = [c.catch_up.charge(policy, whole=False) for policy in policies]
+    assert c.catch_up.horizon() == RESUME_HORIZON and charges == [0.4 / RESUME_HORIZON] * 2
+    assert all(best_plan(c.costs, forecasts, charges)[0])
+    assert [c.catch_up.charge(policy, whole=True) for policy in policies] == [0.4, 0.4]
+    c.note_plan(policies, [1, 1])
+    c.note_plan(policies, [0, 1])  # row 0 ends a one-step spell
+    assert list(c.catch_up.spells) == [1] and c.catch_up.horizon() == 1.0
     fresh = [GoodputPolicy(max_k=4) for _ in range(2)]
-    assert c.best_plan(forecasts, [c.charge(policy, whole=False) for policy in fresh])[0] == [0, 0]
+    assert best_plan(
+        c.costs, forecasts, [c.catch_up.charge(policy, whole=False) for policy in fresh]
+    )[0] == [0, 0]
     c.retire(policies[1])  # row 1's request ends two steps into its spell
     policies[1].reset()
-    assert list(c.spells) == [1, 2] and c.horizon() == 1.5
+    assert list(c.catch_up.spells) == [1, 2] and c.catch_up.horizon() == 1.5
     for _ in range(40):
-        c._remember(policies, [1, 1])
+        c.note_plan(policies, [1, 1])
     for policy in policies:
         c.retire(policy)
-    assert c.horizon() == RESUME_HORIZON  # median of 1, 2, 40, 40, capped
+    assert c.catch_up.horizon() == RESUME_HORIZON  # median of 1, 2, 40, 40, capped
 
 
 def test_a_start_is_spread_over_the_steps_its_request_drafts_in_all():
@@ -482,24 +498,28 @@ def test_a_start_is_spread_over_the_steps_its_request_drafts_in_all():
     request at break-even drafted 37 of its steps in spells of 3-4, and the next requests' starts
     (817 ms) were charged a third of their cost per step; a resume stays priced per spell."""
     c = controller(lambda n: 0.497 + 0.06 * (n - 1), draft=lambda u: 0.2 * u)
-    c.start.append(0.817)
-    c.resume.append(0.3)
+    c.catch_up.start.append(0.817)
+    c.catch_up.resume.append(0.3)
     first, second = GoodputPolicy(max_k=4), GoodputPolicy(max_k=4)
-    assert c.start_horizon() == c.horizon() == RESUME_HORIZON  # no request has ended yet
+    assert (
+        c.catch_up.start_horizon() == c.catch_up.horizon() == RESUME_HORIZON
+    )  # no request has ended yet
     for spell in [4, 3, 12, 3, 4, 3, 2, 3, 3]:  # 37 drafted steps in spells of 3 or so
         for budget in [1] * spell + [0]:
-            c._remember([first], [budget])
-    assert c.horizon() == 3.0 and first.drafted_steps == 37
-    assert c.charge(second, whole=False) == pytest.approx(0.817 / 3.0)  # before: one spell's
+            c.note_plan([first], [budget])
+    assert c.catch_up.horizon() == 3.0 and first.drafted_steps == 37
+    assert c.catch_up.charge(second, whole=False) == pytest.approx(
+        0.817 / 3.0
+    )  # before: one spell's
     c.retire(first)  # its request ends
-    assert list(c.lifetimes) == [37] and c.start_horizon() == 37.0
-    assert c.charge(second, whole=False) == pytest.approx(0.817 / 37.0)
-    assert c.charge(second, whole=True) == pytest.approx(0.817)
+    assert list(c.catch_up.lifetimes) == [37] and c.catch_up.start_horizon() == 37.0
+    assert c.catch_up.charge(second, whole=False) == pytest.approx(0.817 / 37.0)
+    assert c.catch_up.charge(second, whole=True) == pytest.approx(0.817)
     second.drafted_ever = True  # it has read its prompt: resumes are charged per spell
-    assert c.charge(second, whole=False) == pytest.approx(0.3 / 3.0)
+    assert c.catch_up.charge(second, whole=False) == pytest.approx(0.3 / 3.0)
     forecast = [[0.7, 0.7]]  # drafting pays with a start charged over 37 steps, not over 3
-    assert c.best_plan(forecast, [0.817 / 37.0])[0] == [1]
-    assert c.best_plan(forecast, [0.817 / 3.0])[0] == [0]
+    assert best_plan(c.costs, forecast, [0.817 / 37.0])[0] == [1]
+    assert best_plan(c.costs, forecast, [0.817 / 3.0])[0] == [0]
 
 
 def test_finishing_a_batch_follows_the_row_that_needs_most_steps():
@@ -507,9 +527,9 @@ def test_finishing_a_batch_follows_the_row_that_needs_most_steps():
     only the rows that would finish last draft."""
     c = controller(lambda n: 0.1 + 0.002 * n, draft=lambda u: 0.01 * u)
     forecasts = [[0.8] * 4, [0.8] * 4, [0.8] * 4]
-    budgets, stop_gain = c.finish_plan(forecasts, [0.0] * 3, remaining=[40, 5, 40])
+    budgets, stop_gain = finish_plan(c.costs, forecasts, [0.0] * 3, remaining=[40, 5, 40])
     assert budgets[1] == 0 and budgets[0] > 0 and budgets[2] > 0 and stop_gain > 0
-    assert c.best_plan(forecasts)[0][1] > 0  # tokens per second would draft it too
+    assert best_plan(c.costs, forecasts)[0][1] > 0  # tokens per second would draft it too
 
 
 def test_finishing_a_batch_waits_for_its_worst_row_and_pays_catch_up_once():
@@ -517,11 +537,11 @@ def test_finishing_a_batch_waits_for_its_worst_row_and_pays_catch_up_once():
     and a catch-up is charged whole: worth it over many steps, not over a few."""
     c = controller(lambda n: 0.1 + 0.01 * n, draft=lambda u: 0.02 * u)
     good, poor = [0.8] * 4, [0.15] * 4
-    assert any(c.finish_plan([good, good], [0.0, 0.0], [40, 40])[0])
-    assert c.finish_plan([good, poor], [0.0, 0.0], [40, 40])[0] == [0, 0]
-    assert any(c.best_plan([good, poor])[0])  # per second the good row alone pays
-    assert any(c.finish_plan([good, good], [0.5, 0.5], [40, 40])[0])
-    assert c.finish_plan([good, good], [0.5, 0.5], [4, 4])[0] == [0, 0]
+    assert any(finish_plan(c.costs, [good, good], [0.0, 0.0], [40, 40])[0])
+    assert finish_plan(c.costs, [good, poor], [0.0, 0.0], [40, 40])[0] == [0, 0]
+    assert any(best_plan(c.costs, [good, poor])[0])  # per second the good row alone pays
+    assert any(finish_plan(c.costs, [good, good], [0.5, 0.5], [40, 40])[0])
+    assert finish_plan(c.costs, [good, good], [0.5, 0.5], [4, 4])[0] == [0, 0]
 
 
 def test_finishing_a_batch_plans_for_its_slowest_row_not_its_average_one():
@@ -532,16 +552,19 @@ def test_finishing_a_batch_plans_for_its_slowest_row_not_its_average_one():
     their outcomes still vary, so a smaller margin no longer pays (§10.27)."""
     c = controller(lambda n: 0.221 + 0.0015 * n, draft=lambda u: 0.12 * u)
     forecasts, remaining = [[0.72]] * 8, [48] * 8
-    assert c.finish_plan(forecasts, [0.0] * 8, remaining, tested=[[0.0]] * 8)[0] == [0] * 8
-    assert c.finish_plan(forecasts, [0.0] * 8, remaining, tested=[[500.0]] * 8)[0] == [1] * 8
+    assert finish_plan(c.costs, forecasts, [0.0] * 8, remaining, tested=[[0.0]] * 8)[0] == [0] * 8
+    assert finish_plan(c.costs, forecasts, [0.0] * 8, remaining, tested=[[500.0]] * 8)[0] == [1] * 8
     z = finishing_quantile(8)
     assert finishing_steps([0.72], [0.0], 48, z)[1] == pytest.approx(31.3, abs=0.05)
     known = finishing_steps([0.72], [500.0], 48, z)[1]
     assert 27.9 < known < 30  # the mean 48 / 1.72 = 27.9, plus the outcomes' spread
     assert finishing_steps([0.72], [0.0], 48, finishing_quantile(1)) == [48.0, 48 / 1.72]
     dearer = controller(lambda n: 0.221 + 0.0015 * n, draft=lambda u: 0.14 * u)
-    assert dearer.finish_plan(forecasts, [0.0] * 8, remaining, tested=[[500.0]] * 8)[0] == [0] * 8
-    assert dearer.finish_plan(forecasts, [0.0] * 8, remaining)[0] == [0] * 8  # exact: still
+    assert (
+        finish_plan(dearer.costs, forecasts, [0.0] * 8, remaining, tested=[[500.0]] * 8)[0]
+        == [0] * 8
+    )
+    assert finish_plan(dearer.costs, forecasts, [0.0] * 8, remaining)[0] == [0] * 8  # exact: still
 
 
 def test_finishing_steps_spread_matches_simulated_rows():
@@ -571,20 +594,22 @@ def test_observe_learns_verify_draft_and_tree_width():
     c.plan([GoodputPolicy(), GoodputPolicy()], [3, 0])  # the step observed below
     records = [StepRecord(3, 3, 1, 2, 0.0, 0.0, 9, 6), StepRecord(0, 0, 0, 1, 0.0, 0.0, 9, 0)]
     c.observe([3, 0], records, draft_s=0.3, verify_s=0.5, step_s=1.0)
-    assert c.verify.measured(2 + 6) == 1 and c.draft([3]) == pytest.approx(0.3)
-    assert c.other[0] == pytest.approx(0.2)
-    assert c.fed_per_depth == pytest.approx(0.9 + 0.1 * 2)  # 6 tree nodes for 3 drafted levels
-    assert c.nodes(3) == 6 and c.nodes(2) == pytest.approx(2 * c.fed_per_depth)
+    assert c.costs.verify.measured(2 + 6) == 1 and c.costs.draft([3]) == pytest.approx(0.3)
+    assert c.costs.other[0] == pytest.approx(0.2)
+    assert c.costs.fed_per_depth == pytest.approx(
+        0.9 + 0.1 * 2
+    )  # 6 tree nodes for 3 drafted levels
+    assert c.costs.nodes(3) == 6 and c.costs.nodes(2) == pytest.approx(2 * c.costs.fed_per_depth)
 
 
 def test_a_tree_of_fixed_size_drafts_as_deep_as_it_may():
     """A tree verifies 8 nodes at depth 1 and 16 at any depth beyond: past depth 2 going deeper
     costs no verification, so the plan uses the whole cap."""
     c = controller(lambda n: 0.01 + 2e-4 * n, draft=lambda u: 1e-4 * u, joint=False)
-    c.nodes_by_budget = {1: 8.0, **{k: 16.0 for k in range(2, 9)}}
-    assert c.best_plan([[0.7] * 6])[0] == [6]
-    c.nodes_by_budget = {k: 8.0 * k for k in range(1, 9)}  # a tree growing 8 nodes per level
-    assert c.best_plan([[0.7] * 6])[0] < [6]
+    c.costs.nodes_by_budget = {1: 8.0, **{k: 16.0 for k in range(2, 9)}}
+    assert best_plan(c.costs, [[0.7] * 6])[0] == [6]
+    c.costs.nodes_by_budget = {k: 8.0 * k for k in range(1, 9)}  # a tree growing 8 nodes per level
+    assert best_plan(c.costs, [[0.7] * 6])[0] < [6]
 
 
 @pytest.fixture(scope="module")
@@ -596,13 +621,13 @@ def models(tmp_path_factory):
 def test_make_goodput_reads_a_cached_profile(models, tmp_path, monkeypatch):
     monkeypatch.setenv("SPECPILOT_CACHE", str(tmp_path))
     policy, planner, verify = make_goodput(models, None, max_k="5")
-    assert policy.max_k == 5 and verify is None and not planner.verify.points()
+    assert policy.max_k == 5 and verify is None and not planner.costs.verify.points()
     path = profile_cache_path(models.target.name, models.target.runner.dtype)
     assert path.parent == tmp_path / "profiles" and path.name.endswith("-float32.json")
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps({"verify_ms": {"128": [2.0, 2.5, 3.0]}}))
     _, planner, _ = make_goodput(models, None)
-    assert planner.verify(2) == pytest.approx(0.0025)
+    assert planner.costs.verify(2) == pytest.approx(0.0025)
     with pytest.raises(ConfigError, match="goodput option"):
         make_goodput(models, None, memory="lots")
     with pytest.raises(ConfigError, match="unknown goodput option.*gamma"):
@@ -627,10 +652,10 @@ def test_ended_requests_report_their_spells_and_drafted_steps(tmp_path):
     config = GenerationConfig(max_new_tokens=12)
     engine.generate_batch([[5, 6, 7], [8, 9], [10, 11, 12, 13]], config)
     assert len(retired) == 3 and any(n for n, _ in retired)  # the first steps probe
-    assert list(engine.planner.lifetimes) == [n for n, planned in retired if planned]
+    assert list(engine.planner.catch_up.lifetimes) == [n for n, planned in retired if planned]
     engine.generate([5, 6], config)  # one request alone: the same path
     assert len(retired) == 4
-    assert list(engine.planner.lifetimes) == [n for n, planned in retired if planned]
+    assert list(engine.planner.catch_up.lifetimes) == [n for n, planned in retired if planned]
 
 
 def test_a_request_that_only_probed_is_not_a_start_a_plan_chose():
@@ -638,14 +663,14 @@ def test_a_request_that_only_probed_is_not_a_start_a_plan_chose():
     request that drafted only probe tokens does not count, one a plan had draft does."""
     c = controller(lambda n: 0.1, draft=lambda u: 0.01 * u)
     probed, planned = GoodputPolicy(max_k=4), GoodputPolicy(max_k=4)
-    c._remember([probed, planned], [1, 0], probing=True)
-    c._remember([probed, planned], [0, 1])
-    c._remember([probed, planned], [0, 1])
+    c.note_plan([probed, planned], [1, 0], probing=True)
+    c.note_plan([probed, planned], [0, 1])
+    c.note_plan([probed, planned], [0, 1])
     assert probed.drafted_steps == 1 and not probed.planned and planned.planned
     c.retire(probed)
-    assert not c.lifetimes
+    assert not c.catch_up.lifetimes
     c.retire(planned)
-    assert list(c.lifetimes) == [2]
+    assert list(c.catch_up.lifetimes) == [2]
 
 
 def test_a_start_is_charged_for_the_steps_it_will_not_serve_when_finishing_a_batch():
@@ -656,17 +681,17 @@ def test_a_start_is_charged_for_the_steps_it_will_not_serve_when_finishing_a_bat
     the ratio; resumes, and starts before any planned request has ended, whole."""
     c = controller(lambda n: 0.24 + 0.001 * n, draft=lambda u: 0.1 * u)
     forecasts, remaining, start = [[0.75]] * 8, [48] * 8, [0.1] * 8  # ~27 steps drafting
-    assert c.finish_plan(forecasts, start, remaining)[0] == [1] * 8
-    assert c.finish_plan(forecasts, start, remaining, [40.0] * 8)[0] == [1] * 8
-    assert c.finish_plan(forecasts, start, remaining, [10.0] * 8)[0] == [0] * 8
-    assert c.finish_plan(forecasts, [0.0] * 8, remaining, [10.0] * 8)[0] == [1] * 8
+    assert finish_plan(c.costs, forecasts, start, remaining)[0] == [1] * 8
+    assert finish_plan(c.costs, forecasts, start, remaining, [40.0] * 8)[0] == [1] * 8
+    assert finish_plan(c.costs, forecasts, start, remaining, [10.0] * 8)[0] == [0] * 8
+    assert finish_plan(c.costs, forecasts, [0.0] * 8, remaining, [10.0] * 8)[0] == [1] * 8
     assert finishing_catch_up([0.1, 0.1], [10.0, math.inf], [1, 1], 27.0) == pytest.approx(0.37)
     assert finishing_catch_up([0.1, 0.1], None, [1, 0], 27.0) == pytest.approx(0.1)
     policies = [GoodputPolicy(max_k=1) for _ in range(8)]
-    assert c._serves(policies) is None  # no planned request has ended: whole
-    c.lifetimes.extend([9, 8, 13])
+    assert c.catch_up.serves(policies) is None  # no planned request has ended: whole
+    c.catch_up.lifetimes.extend([9, 8, 13])
     policies[0].drafted_ever = True
-    assert c._serves(policies) == [math.inf] + [9.0] * 7
+    assert c.catch_up.serves(policies) == [math.inf] + [9.0] * 7
 
 
 def test_generate_with_goodput_policy(capsys, tmp_path):
@@ -686,9 +711,9 @@ def test_a_stale_spell_of_rejections_fades_to_the_long_run_acceptance():
     the spell fades (IDLE_MEMORY per idle step) and drafting resumes after ~26 of them, without a
     probe. One rejection after resuming stops it again: a real spell costs a step, not a run."""
     c = controller(lambda n: 1.0, draft=lambda u: 0.5 * u)
-    c.probe_share = 1e-4  # no probes in this test
-    c.long_run.tested, c.long_run.accepted = [100.0], [70.0]
-    c.acceptance.tested, c.acceptance.accepted = [20.0], [4.0]
+    c.exploration.probe_share = 1e-4  # no probes in this test
+    c.batch.long_run.tested, c.batch.long_run.accepted = [100.0], [70.0]
+    c.batch.recent.tested, c.batch.recent.accepted = [20.0], [4.0]
     policies = [GoodputPolicy(max_k=1)]
     idle = StepRecord(0, 0, 0, 1, 0.0, 0.0, 50, 0)
     policies[0].observe(idle)  # past its request's first step
@@ -711,12 +736,12 @@ def test_a_position_no_plan_reaches_is_explored_until_known():
     position 2, so a position 2 accepted more often than position 1 (as after a good first
     guess) can be found."""
     c = controller(lambda n: 1.0, draft=lambda u: 0.45 * u)
-    c.long_run.tested, c.long_run.accepted = [100.0], [70.0]
+    c.batch.long_run.tested, c.batch.long_run.accepted = [100.0], [70.0]
     policy = GoodputPolicy(max_k=4)
-    assert c.best_plan([c.long_run.estimates(4, None, 2.0)])[0] == [1]
+    assert best_plan(c.costs, [c.batch.long_run.estimates(4, None, 2.0)])[0] == [1]
     assert c.plan([policy], [4]) == [2]
     assert c.plan([policy], [1]) == [1]  # a row at its cap is not deepened
-    c.long_run.tested, c.long_run.accepted = [100.0, EXPLORE_SAMPLES], [70.0, 4.0]
+    c.batch.long_run.tested, c.batch.long_run.accepted = [100.0, EXPLORE_SAMPLES], [70.0, 4.0]
     assert c.plan([policy], [4]) == [1]
 
 
@@ -729,8 +754,8 @@ def test_a_position_that_cannot_pay_even_if_always_accepted_is_not_explored(fini
     minimise the time until the batch's last row finishes."""
     c = controller(lambda n: 0.4 if n == 1 else 0.45 if n <= 4 else 0.555 + 0.11 * (n - 5),
                    draft=lambda u: 0.17 * u)  # fmt: skip
-    c.long_run.tested, c.long_run.accepted = [100.0], [70.0]
-    assert c.best_plan([[0.7, 1.0]] * 2)[0] == [1, 1]
+    c.batch.long_run.tested, c.batch.long_run.accepted = [100.0], [70.0]
+    assert best_plan(c.costs, [[0.7, 1.0]] * 2)[0] == [1, 1]
     policies = [GoodputPolicy(max_k=4) for _ in range(2)]
     for policy in policies:
         policy.opening = False
@@ -746,19 +771,19 @@ def test_a_size_timed_once_under_load_is_retimed_once_forgotten():
     if always accepted, and probes (one token in one row, 3 fed) never re-time 4 tokens. Plain
     steps and probes age that timing out after SAMPLE_AGE steps; then the batch drafts again."""
     c = GoodputController(joint=True)
-    c.verify.add(4, 1.504)
-    c.draft.add([1], 0.17)
-    c.other.append(0.0)
-    c.long_run.tested, c.long_run.accepted = [100.0], [70.0]
+    c.costs.verify.add(4, 1.504)
+    c.costs.draft.add([1], 0.17)
+    c.costs.other.append(0.0)
+    c.batch.long_run.tested, c.batch.long_run.accepted = [100.0], [70.0]
     policies = [GoodputPolicy(max_k=4) for _ in range(2)]
     for policy in policies:
         policy.opening = False
         policy.acceptance.tested, policy.acceptance.accepted = [500.0], [350.0]
     for step in range(SAMPLE_AGE):
-        c.verify.add(3 if step % MAX_PROBE_GAP < 2 else 2, 0.445)  # probes, plain steps
+        c.costs.verify.add(3 if step % MAX_PROBE_GAP < 2 else 2, 0.445)  # probes, plain steps
         if step == SAMPLE_AGE - 2:
             assert c.plan(policies, [4, 4], remaining=[40, 40]) == [0, 0]
-    assert c.verify.measured(4) == 0
+    assert c.costs.verify.measured(4) == 0
     assert c.plan(policies, [4, 4], remaining=[40, 40]) == [1, 1]
 
 
@@ -767,7 +792,7 @@ def test_first_steps_are_learned_apart_from_the_rest_of_a_request():
     worst: rejected first steps teach the opening estimate, not the batch-wide acceptance or
     the row's own, so the controller decodes first steps plainly and drafts from the next on."""
     c = controller(lambda n: 1.0, draft=lambda u: 0.45 * u)  # one token pays iff a_1 > 0.45
-    c.long_run.tested, c.long_run.accepted = [100.0], [70.0]
+    c.batch.long_run.tested, c.batch.long_run.accepted = [100.0], [70.0]
     rejected = StepRecord(1, 1, 0, 1, 0.45, 1.0, 50, 1)
     for _ in range(10):  # ten requests whose first draft was rejected
         policy = GoodputPolicy(max_k=1)
@@ -776,7 +801,7 @@ def test_first_steps_are_learned_apart_from_the_rest_of_a_request():
         c.observe([1], [rejected], 0.45, 1.0, 1.45)
         policy.observe(rejected)
         assert not policy.opening and policy.acceptance.tested_at(0) == 0
-    assert c.opening_acceptance.tested_at(0) > 0 and c.long_run.tested_at(0) == 100.0
+    assert c.batch.opening.tested_at(0) > 0 and c.batch.long_run.tested_at(0) == 100.0
     policy = GoodputPolicy(max_k=1)
     assert c.plan([policy], [1]) == [0]  # the next first step is decoded plainly
     idle = StepRecord(0, 0, 0, 1, 0.0, 0.0, 50, 0)
@@ -800,12 +825,12 @@ def test_the_target_confidence_forecasts_a_row_before_it_drafts():
     unsure.observe(StepRecord(0, 0, 0, 1, 0.0, 0.2, 9, 0, target_confidence=0.35))
     assert unsure.target_confidence == 0.35
     for _ in range(80):  # drafting steps planned at each confidence, and their outcomes
-        c._remember([sure, unsure], [1, 1])
+        c.note_plan([sure, unsure], [1, 1])
         records = [StepRecord(1, 1, a, 1 + a, 0.1, 0.2, 9, 1) for a in (1, 0)]
         c.observe([1, 1], records, 0.1, 0.2, 0.3)
     prior = [0.7]
-    assert c.row_prior(prior, sure)[0] > 0.9 and c.row_prior(prior, unsure)[0] < 0.1
-    assert c.row_prior(prior, GoodputPolicy()) == prior  # no confidence yet: the batch-wide
+    assert c.batch.row_prior(prior, sure)[0] > 0.9 and c.batch.row_prior(prior, unsure)[0] < 0.1
+    assert c.batch.row_prior(prior, GoodputPolicy()) == prior  # no confidence yet: the batch-wide
     twin = GoodputPolicy(max_k=1)
     twin.opening, twin.target_confidence = False, sure.target_confidence
     for policy in (sure, unsure, twin):
@@ -832,12 +857,12 @@ def test_the_target_confidence_is_not_read_where_drafting_cannot_pay():
     c = controller(lambda n: 0.1 * n, draft=lambda u: 0.5 * u)
     assert c.reads_target_confidence  # nothing planned yet
     for _ in range(EXPLORE_SAMPLES):
-        c.long_run.add(1, 1)
+        c.batch.long_run.add(1, 1)
     policies = [GoodputPolicy(max_k=2) for _ in range(2)]
     for policy in policies:
         policy.opening = False
     c.plan(policies, [2, 2], remaining=[40, 40])
-    assert c.hopeless and not c.reads_target_confidence
+    assert c.exploration.hopeless and not c.reads_target_confidence
     cheap = controller(lambda n: 0.1, draft=lambda u: 0.001 * u)
     cheap.plan(policies, [2, 2], remaining=[40, 40])
     assert cheap.reads_target_confidence
@@ -850,14 +875,14 @@ def test_the_target_confidence_is_not_read_where_no_confidence_could_make_a_plan
     A row not read forgets its old confidence."""
     c = controller(lambda n: 0.2 + 0.002 * n, draft=lambda u: 0.18 * u)  # pays above a ~ 0.91
     for i in range(2 * EXPLORE_SAMPLES):  # half the first positions accepted
-        c.long_run.add(1, i % 2)
-        c.acceptance.add(1, i % 2)
+        c.batch.long_run.add(1, i % 2)
+        c.batch.recent.add(1, i % 2)
     row = GoodputPolicy(max_k=1)
     row.opening, row.spell, row.drafted_ever = False, 1, True
     assert c.plan([row], [1]) == [0]
-    assert not c.hopeless and c.moot and not c.reads_target_confidence
+    assert not c.exploration.hopeless and c.moot and not c.reads_target_confidence
     for _ in range(60):  # the target's surest rows accept every time
-        c.target_calibration.add(0.97, True)
+        c.batch.target_calibration.add(0.97, True)
     assert c.plan([row], [1]) == [0]  # this row shows no confidence yet
     assert not c.moot and c.reads_target_confidence
     row.target_confidence = 0.97
@@ -879,23 +904,27 @@ def test_a_probes_start_is_charged_whole_where_probes_are_not_repaid():
     not (batch 8 in bf16: ~1.5 % of plain decoding's time for a 1 % probe share, BENCHMARKS
     §10.27), each start is charged whole, and probes come further apart."""
     c = controller(lambda n: 0.2 + 0.001 * n, draft=lambda u: 0.05 * u)
-    c.start.append(0.5)
+    c.catch_up.start.append(0.5)
     probed, planned = GoodputPolicy(), GoodputPolicy()
-    c._remember([probed, planned], [1, 0], probing=True)
-    c._remember([probed, planned], [1, 1], probing=False)
+    c.note_plan([probed, planned], [1, 0], probing=True)
+    c.note_plan([probed, planned], [1, 1], probing=False)
     assert probed.probe_started and not planned.probe_started  # only a probe's start counts
     fresh = GoodputPolicy()
     fresh.opening = False
-    assert c.probe_charge(fresh) == pytest.approx(0.5 / c.start_horizon())  # none ended yet
-    before = c.probe_gap([1, 0], [[0.7], [0.7]], [c.probe_charge(fresh), 0.0])
+    assert c.exploration.charge(fresh, c.catch_up) == pytest.approx(
+        0.5 / c.catch_up.start_horizon()
+    )  # none ended yet
+    before = c.exploration.gap(
+        c.costs, [1, 0], [[0.7], [0.7]], [c.exploration.charge(fresh, c.catch_up), 0.0]
+    )
     retire_unrepaid_probes(c, 9)
-    assert c.probe_repaid() == pytest.approx(2 / 11)
+    assert c.exploration.repaid() == pytest.approx(2 / 11)
     whole_share = 9 / 11
-    charged = 0.5 * (2 / 11 / c.start_horizon() + whole_share)
-    assert c.probe_charge(fresh) == pytest.approx(charged)
-    assert c.probe_gap([1, 0], [[0.7], [0.7]], [charged, 0.0]) > before
+    charged = 0.5 * (2 / 11 / c.catch_up.start_horizon() + whole_share)
+    assert c.exploration.charge(fresh, c.catch_up) == pytest.approx(charged)
+    assert c.exploration.gap(c.costs, [1, 0], [[0.7], [0.7]], [charged, 0.0]) > before
     c.retire(probed)  # a request a plan went on to draft repays its probe's start
-    assert c.probe_repaid() == pytest.approx(3 / 11)  # the last 9 requests count
+    assert c.exploration.repaid() == pytest.approx(3 / 11)  # the last 9 requests count
 
 
 def test_probes_grow_rarer_as_the_requests_they_start_go_undrafted():
@@ -905,13 +934,15 @@ def test_probes_grow_rarer_as_the_requests_they_start_go_undrafted():
     each batch, BENCHMARKS §10.30)."""
     c = controller(lambda n: 0.2 + 0.001 * n, draft=lambda u: 0.25 * u)  # does not pay
     probe, forecasts, catch_up = [1, 0], [[0.7], [0.7]], [0.0, 0.0]
-    seconds = c.other_seconds() + c.draft([1, 0]) + c.verify(3)
-    loss = seconds / (c.other_seconds() + c.verify(2)) - (2 + 0.7) / 2
-    assert c.probe_gap(probe, forecasts, catch_up) == pytest.approx(loss / c.probe_share)
-    assert 0 < loss / c.probe_share * 4 < MAX_PROBE_GAP
+    seconds = c.costs.other_seconds() + c.costs.draft([1, 0]) + c.costs.verify(3)
+    loss = seconds / (c.costs.other_seconds() + c.costs.verify(2)) - (2 + 0.7) / 2
+    assert c.exploration.gap(c.costs, probe, forecasts, catch_up) == pytest.approx(
+        loss / c.exploration.probe_share
+    )
+    assert 0 < loss / c.exploration.probe_share * 4 < MAX_PROBE_GAP
     retire_unrepaid_probes(c, 6)
-    share = c.probe_share * 2 / 8
-    assert c.probe_gap(probe, forecasts, catch_up) == pytest.approx(loss / share)
+    share = c.exploration.probe_share * 2 / 8
+    assert c.exploration.gap(c.costs, probe, forecasts, catch_up) == pytest.approx(loss / share)
 
 
 def test_one_rejection_in_a_confidence_bin_no_step_reached_moves_its_rows_little():
@@ -921,8 +952,8 @@ def test_one_rejection_in_a_confidence_bin_no_step_reached_moves_its_rows_little
     c = GoodputController(joint=True)
     row = GoodputPolicy(max_k=1)
     row.opening, row.target_confidence = False, 0.95
-    c.target_calibration.add(0.95, False)
-    assert c.row_prior([0.7], row)[0] > 0.6
+    c.batch.target_calibration.add(0.95, False)
+    assert c.batch.row_prior([0.7], row)[0] > 0.6
     for _ in range(30):  # many rejections there do tell
-        c.target_calibration.add(0.95, False)
-    assert c.row_prior([0.7], row)[0] < 0.25
+        c.batch.target_calibration.add(0.95, False)
+    assert c.batch.row_prior([0.7], row)[0] < 0.25
