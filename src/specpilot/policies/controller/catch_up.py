@@ -1,4 +1,4 @@
-"""Catch-up pricing (docs/methods.md §7.7): a row that did not draft on its last step first
+"""Catch-up pricing (docs/methods.md §7.4): a row that did not draft on its last step first
 catches its drafter up, once. A draft model reads the whole prompt when the request first
 drafts (a start), or the few tokens accepted meanwhile when it resumes. Both costs are learned
 from the steps that pay them and charged to plans that have a row catch up: when maximising

@@ -1,4 +1,4 @@
-"""Exploration (docs/methods.md §7.8): what the controller tries so that its estimates do not go
+"""Exploration (docs/methods.md §7.4): what the controller tries so that its estimates do not go
 stale where idle steps teach nothing. Probes: while no row drafts, now and then one row drafts
 one token, spaced so that probing costs about `probe_share` of throughput (`gap`). Deepening: a
 position no plan reaches is tried until it is known (`deepen`)."""

@@ -1,4 +1,4 @@
-"""A row's draft policy under the goodput controller (docs/methods.md §7.4)."""
+"""A row's draft policy under the goodput controller (docs/methods.md §7.3)."""
 
 from __future__ import annotations
 
