@@ -9,21 +9,17 @@ Estimator, chosen for a CPU shared with other work: per size, the median of its 
 samples, the lower middle one of an even count (a step slowed by another process is an outlier
 the median ignores, and old samples age out as the context grows; the noise is one-sided, since
 other work and the kernels a new shape builds on its first forward only slow a step, so of two
-samples the faster is the better guess: at batch 2 the first 3-token verification took 305 ms,
-the next 209 ms, as later ones did). More work never takes less time, and the noise only
+samples the faster is the better guess). More work never takes less time, and the noise only
 slows, so a size timed slower than a larger one was slowed: each size's median is lowered to
-the least of the larger sizes' (the lower envelope from the right). A size timed rarely keeps
-a slow sample long (at batch 2 the plain 2-token step comes once per request): a few taken
-while another process ran kept T(2) at 741 ms where 3 and 4 tokens took 450, and pooling the
-violators, as this fit first did, flattened T(2..6) to 725 ms, so drafting two tokens in both
-rows looked as cheap as a plain step and ran 12 % behind one token (BENCHMARKS §10.19). A prior
-curve (a `specpilot profile` JSON) fills sizes never measured, scaled by the median ratio of
-measured to prior where both exist (load and context differ from when it was profiled), and
-is made non-decreasing with them by weighted pool-adjacent-violators (a prior is a guess of
-the shape, not a timing whose noise only slows); linear between sizes. A timing older than
-`max_age` samples of the curve is forgotten: a size timed only while another process ran, and
-never again because that timing ruled out the plans that feed it, would otherwise stay slow for
-the life of the engine (BENCHMARKS §10.19).
+the least of the larger sizes' (the lower envelope from the right; pooling the violators
+instead would let one rarely timed slow size flatten its neighbours). A prior curve (a
+`specpilot profile` JSON) fills sizes never measured, scaled by the median ratio of measured to
+prior where both exist (load and context differ from when it was profiled), and is made
+non-decreasing with them by weighted pool-adjacent-violators (a prior is a guess of the shape,
+not a timing whose noise only slows); linear between sizes. A timing older than `max_age`
+samples of the curve is forgotten: a size timed only while another process ran, and never
+again because that timing ruled out the plans that feed it, would otherwise stay slow for the
+life of the engine. The measurements behind these choices: docs/methods.md §7.2, §7.9.
 """
 
 from __future__ import annotations
