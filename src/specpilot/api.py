@@ -13,7 +13,7 @@ from specpilot.models.chat import eos_token_ids
 from specpilot.models.runner import CausalRunner
 from specpilot.policies import ConstantPolicy, DraftPolicy, VerifyPolicy
 from specpilot.policies.controller import GoodputController, GoodputPolicy
-from specpilot.policies.goodput import VerifyLatency
+from specpilot.policies.latency import VerifyLatency
 from specpilot.policies.sv import SvVerifyPolicy, read_sv_profile
 from specpilot.registry import make_draft_policy, make_drafter
 

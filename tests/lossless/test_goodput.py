@@ -27,7 +27,7 @@ from specpilot.engine.scheduler import Scheduler
 from specpilot.models.decoder import DecoderRunner
 from specpilot.policies import ConstantPolicy
 from specpilot.policies.controller import EXPLORE_SAMPLES, GoodputController, GoodputPolicy
-from specpilot.policies.goodput import VerifyLatency
+from specpilot.policies.latency import VerifyLatency
 from specpilot.policies.sv import SvVerifyPolicy
 
 PROMPTS = [[1, 5, 9, 14, 20, 7], [1, 30, 31, 30, 31, 30], [1, 7], [1, 60, 2, 61, 62, 63, 64, 65]]

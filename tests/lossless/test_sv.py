@@ -21,7 +21,7 @@ from specpilot.engine import SpeculativeEngine
 from specpilot.errors import ConfigError
 from specpilot.models.decoder import DecoderRunner
 from specpilot.policies import ConstantPolicy
-from specpilot.policies.goodput import VerifyLatency
+from specpilot.policies.latency import VerifyLatency
 from specpilot.policies.sv import Companion, SvVerifyPolicy, indicators, read_sv_profile
 from specpilot.policies.sv_table import AcceptanceTable
 from specpilot.types import Proposal

@@ -22,7 +22,7 @@ from specpilot.errors import ConfigError
 from specpilot.models.decoder import DecoderRunner
 from specpilot.policies import ConstantPolicy
 from specpilot.policies.controller import GoodputController
-from specpilot.policies.verify import VerifyAll
+from specpilot.policies.verify_all import VerifyAll
 from specpilot.training.dvi import DviTrainConfig
 from specpilot.training.dvi.trainer import TrainDviOptions
 

@@ -9,14 +9,13 @@ import pytest
 import torch
 
 from specpilot.errors import ConfigError
-from specpilot.policies.goodput import (
-    VerifyLatency,
+from specpilot.policies.latency import VerifyLatency, read_verify_curves
+from specpilot.policies.sv_length import (
     allocate_batch,
     choose_length,
     expected_accepted,
     goodput,
 )
-from specpilot.policies.latency import read_verify_curves
 from specpilot.policies.sv_table import AcceptanceTable, information_gain
 
 

@@ -29,40 +29,32 @@ CONTROLLER = "sd:policy=goodput"
 
 
 def traced(out):
-    """GoodputController.plan that appends each plan to `out`, with what its forecasts were
-    made from (noted when plan forecasts: only steps where some row could draft)."""
-    plan, forecasts = controller.GoodputController.plan, controller.GoodputController.forecasts
-    seen: dict = {}
+    """An observer (GoodputController.plan_observers) that appends each plan to `out`, with
+    what its forecasts were made from (where the plan forecast: some row could draft)."""
 
-    def forecasts_and_note(self, policies, caps, finish, most_confident=False):
-        made = forecasts(self, policies, caps, finish, most_confident)
-        if most_confident:  # the confidence-moot check's bound, not the rows' forecasts
-            return made
-        long_run = self.long_run.estimates(1, None, self.strength)
-        seen.update(
-            long_run=long_run[0],
-            recent=self.acceptance.estimates(1, long_run, self.strength)[0],
-            rows=[
-                [
-                    None if p.opening or not forecast else forecast[0],
-                    p.target_confidence,
-                    p.drafted_ever,
-                ]
-                for p, forecast in zip(policies, made, strict=True)
-            ],
-            idle=self.idle,
-        )
-        return made
-
-    def plan_and_log(self, policies, caps, remaining=None):
-        seen.clear()
-        budgets = plan(self, policies, caps, remaining)
-        out.write(json.dumps({**seen, "budgets": budgets, "remaining": remaining}) + "\n")
+    def log(planner: controller.GoodputController, note: controller.PlanNote) -> None:
+        seen: dict = {}
+        if note.forecasts is not None:
+            batch = planner.batch
+            long_run = batch.long_run.estimates(1, None, batch.strength)
+            seen = dict(
+                long_run=long_run[0],
+                recent=batch.recent.estimates(1, long_run, batch.strength)[0],
+                rows=[
+                    [
+                        None if p.opening or not forecast else forecast[0],
+                        p.target_confidence,
+                        p.drafted_ever,
+                    ]
+                    for p, forecast in zip(note.policies, note.forecasts, strict=True)
+                ],
+                idle=note.idle,
+            )
+        out.write(json.dumps({**seen, "budgets": note.budgets, "remaining": note.remaining}))
+        out.write("\n")
         out.flush()
-        return budgets
 
-    controller.GoodputController.forecasts = forecasts_and_note
-    controller.GoodputController.plan = plan_and_log
+    return log
 
 
 def show(path: str, batch: int) -> None:
@@ -112,7 +104,14 @@ if __name__ == "__main__":
     command, args = sys.argv[1], sys.argv[2:]
     if command == "run":
         with open(os.environ["TRACE"], "a") as trace:
-            traced(trace)
+            observer = traced(trace)
+            init = controller.GoodputController.__init__
+
+            def observed(self, *given, **options):  # every controller the bench builds
+                init(self, *given, **options)
+                self.plan_observers.append(observer)
+
+            controller.GoodputController.__init__ = observed
             sys.exit(cli(["bench", *args]))
     elif command == "show":
         show(args[0], int(args[1]))

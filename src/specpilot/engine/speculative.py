@@ -37,7 +37,7 @@ from specpilot.models.runner import CausalRunner
 from specpilot.models.synced_cache import sync
 from specpilot.policies.base import BatchPlanner, DraftPolicy, VerifyPolicy
 from specpilot.policies.draft import ConstantPolicy
-from specpilot.policies.verify import VerifyAll
+from specpilot.policies.verify_all import VerifyAll
 from specpilot.sampling import top_probability
 from specpilot.types import Proposal, StepRecord
 from specpilot.verify.rules import verify

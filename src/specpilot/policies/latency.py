@@ -9,21 +9,17 @@ Estimator, chosen for a CPU shared with other work: per size, the median of its 
 samples, the lower middle one of an even count (a step slowed by another process is an outlier
 the median ignores, and old samples age out as the context grows; the noise is one-sided, since
 other work and the kernels a new shape builds on its first forward only slow a step, so of two
-samples the faster is the better guess: at batch 2 the first 3-token verification took 305 ms,
-the next 209 ms, as later ones did). More work never takes less time, and the noise only
+samples the faster is the better guess). More work never takes less time, and the noise only
 slows, so a size timed slower than a larger one was slowed: each size's median is lowered to
-the least of the larger sizes' (the lower envelope from the right). A size timed rarely keeps
-a slow sample long (at batch 2 the plain 2-token step comes once per request): a few taken
-while another process ran kept T(2) at 741 ms where 3 and 4 tokens took 450, and pooling the
-violators, as this fit first did, flattened T(2..6) to 725 ms, so drafting two tokens in both
-rows looked as cheap as a plain step and ran 12 % behind one token (BENCHMARKS §10.19). A prior
-curve (a `specpilot profile` JSON) fills sizes never measured, scaled by the median ratio of
-measured to prior where both exist (load and context differ from when it was profiled), and
-is made non-decreasing with them by weighted pool-adjacent-violators (a prior is a guess of
-the shape, not a timing whose noise only slows); linear between sizes. A timing older than
-`max_age` samples of the curve is forgotten: a size timed only while another process ran, and
-never again because that timing ruled out the plans that feed it, would otherwise stay slow for
-the life of the engine (BENCHMARKS §10.19).
+the least of the larger sizes' (the lower envelope from the right; pooling the violators
+instead would let one rarely timed slow size flatten its neighbours). A prior curve (a
+`specpilot profile` JSON) fills sizes never measured, scaled by the median ratio of measured to
+prior where both exist (load and context differ from when it was profiled), and is made
+non-decreasing with them by weighted pool-adjacent-violators (a prior is a guess of the shape,
+not a timing whose noise only slows); linear between sizes. A timing older than `max_age`
+samples of the curve is forgotten: a size timed only while another process ran, and never
+again because that timing ruled out the plans that feed it, would otherwise stay slow for the
+life of the engine. The measurements behind these choices: docs/methods.md §7.2, §7.9.
 """
 
 from __future__ import annotations
@@ -185,3 +181,45 @@ class LatencyCurve:
 
     def __repr__(self) -> str:
         return f"LatencyCurve({len(self.points())} points, {len(self.samples)} measured sizes)"
+
+
+class VerifyLatency:
+    """T(n) from measured points (`policies.latency.interpolate`: linear between them, flat below
+    the first, beyond the last the measured range's average slope, never falling). n is the
+    number of tokens fed: γ + 1 for one request, the total over rows for a batch."""
+
+    def __init__(self, points: Iterable[tuple[float, float]], context: int | None = None) -> None:
+        pts = sorted((float(n), float(t)) for n, t in points)
+        require(len(pts) > 0, "verify latency needs at least one (n, seconds) point")
+        require(
+            all(math.isfinite(n) and n >= 1 for n, _ in pts),
+            f"verify latency points need n >= 1, got {[n for n, _ in pts]}",
+        )
+        require(
+            all(math.isfinite(t) and t > 0 for _, t in pts),
+            f"verify latencies must be > 0 seconds, got {[t for _, t in pts]}",
+        )
+        ns = [n for n, _ in pts]
+        require(len(set(ns)) == len(ns), f"verify latency points repeat an n: {ns}")
+        self.points: tuple[tuple[float, float], ...] = tuple(pts)
+        self.context = context
+
+    @classmethod
+    def from_profile(
+        cls, profile: dict[str, Any] | str | Path, context: int | None = None
+    ) -> VerifyLatency:
+        """The curve of a `specpilot profile` JSON (loaded, or its path) whose context is nearest
+        `context` (ties: the shorter; default: the shortest). verify_ms[str(c)][i] is T(i + 1)
+        in milliseconds."""
+        by_context = read_verify_curves(profile)
+        wanted = min(by_context) if context is None else context
+        chosen = min(by_context, key=lambda c: (abs(c - wanted), c))
+        points = [(i + 1, ms / 1000.0) for i, ms in enumerate(by_context[chosen])]
+        return cls(points, context=chosen)
+
+    def __call__(self, n: float) -> float:
+        require(n >= 1, f"verify latency needs n >= 1 tokens, got {n}")
+        return interpolate(self.points, n)
+
+    def __repr__(self) -> str:
+        return f"VerifyLatency({len(self.points)} points, context={self.context})"

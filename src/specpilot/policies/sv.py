@@ -32,7 +32,8 @@ from specpilot.config import SamplingConfig
 from specpilot.errors import ConfigError
 from specpilot.models.runner import CausalRunner
 from specpilot.models.synced_cache import sync
-from specpilot.policies.goodput import VerifyLatency, allocate_batch, choose_length
+from specpilot.policies.latency import VerifyLatency
+from specpilot.policies.sv_length import allocate_batch, choose_length
 from specpilot.policies.sv_table import AcceptanceTable
 from specpilot.sampling import logits_to_probs
 from specpilot.types import Proposal, StepRecord

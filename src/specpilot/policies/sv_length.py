@@ -13,12 +13,9 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from pathlib import Path
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
 
 from specpilot.config import require
-from specpilot.policies.latency import interpolate, read_verify_curves
 
 Latency = Callable[[int], float]
 """T(n): seconds to verify n fed tokens (a `VerifyLatency`, or any callable)."""
@@ -56,48 +53,6 @@ def goodput(p: Sequence[float], gamma: int, latency: Latency, plus_one: bool = T
     """G(γ) = (E[N | γ] + 1) / T(γ + 1), tokens per second; without the +1 if `plus_one` is off."""
     bonus = 1.0 if plus_one else 0.0
     return (expected_accepted(p, gamma) + bonus) / _seconds(latency, gamma + 1)
-
-
-class VerifyLatency:
-    """T(n) from measured points (`policies.latency.interpolate`: linear between them, flat below
-    the first, beyond the last the measured range's average slope, never falling). n is the
-    number of tokens fed: γ + 1 for one request, the total over rows for a batch."""
-
-    def __init__(self, points: Iterable[tuple[float, float]], context: int | None = None) -> None:
-        pts = sorted((float(n), float(t)) for n, t in points)
-        require(len(pts) > 0, "verify latency needs at least one (n, seconds) point")
-        require(
-            all(math.isfinite(n) and n >= 1 for n, _ in pts),
-            f"verify latency points need n >= 1, got {[n for n, _ in pts]}",
-        )
-        require(
-            all(math.isfinite(t) and t > 0 for _, t in pts),
-            f"verify latencies must be > 0 seconds, got {[t for _, t in pts]}",
-        )
-        ns = [n for n, _ in pts]
-        require(len(set(ns)) == len(ns), f"verify latency points repeat an n: {ns}")
-        self.points: tuple[tuple[float, float], ...] = tuple(pts)
-        self.context = context
-
-    @classmethod
-    def from_profile(
-        cls, profile: dict[str, Any] | str | Path, context: int | None = None
-    ) -> VerifyLatency:
-        """The curve of a `specpilot profile` JSON (loaded, or its path) whose context is nearest
-        `context` (ties: the shorter; default: the shortest). verify_ms[str(c)][i] is T(i + 1)
-        in milliseconds."""
-        by_context = read_verify_curves(profile)
-        wanted = min(by_context) if context is None else context
-        chosen = min(by_context, key=lambda c: (abs(c - wanted), c))
-        points = [(i + 1, ms / 1000.0) for i, ms in enumerate(by_context[chosen])]
-        return cls(points, context=chosen)
-
-    def __call__(self, n: float) -> float:
-        require(n >= 1, f"verify latency needs n >= 1 tokens, got {n}")
-        return interpolate(self.points, n)
-
-    def __repr__(self) -> str:
-        return f"VerifyLatency({len(self.points)} points, context={self.context})"
 
 
 def choose_length(
