@@ -34,15 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from specpilot.config import SamplingConfig, require
-from specpilot.drafting.dynamic_tree import (
-    DEFAULT_DEPTH,
-    DEFAULT_NODES,
-    DEFAULT_TOPK,
-    DynamicTree,
-    ancestor_mask,
-    grow,
-    select_for,
-)
+from specpilot.drafting.dynamic_tree import DynamicTree, ancestor_mask, grow, select_for
 from specpilot.drafting.eagle_head import EagleHead
 from specpilot.drafting.ngram import NgramDrafter
 from specpilot.errors import ConfigError
@@ -50,7 +42,7 @@ from specpilot.models.synced_cache import common_prefix_length
 from specpilot.models.vocab import DraftVocabulary
 from specpilot.policies.base import DraftPolicy, DraftToken
 from specpilot.sampling import logits_to_probs, sample
-from specpilot.tree import graft
+from specpilot.tree import DEFAULT_DEPTH, DEFAULT_NODES, DEFAULT_TOPK, graft
 from specpilot.types import Proposal
 
 TREE_CAPACITY = 1024
