@@ -67,6 +67,9 @@ class _Slot:
 
 
 class EagleDrafter:
+    drafts_jointly = False
+    """Each row's head runs on its own."""
+
     def __init__(
         self,
         target,
@@ -231,6 +234,18 @@ class EagleDrafter:
         state.k[:, row : row + n] = k
         state.v[:, row : row + n] = v
         return out
+
+    @torch.inference_mode()
+    def draft_step(
+        self, slot: int, hidden: torch.Tensor, tokens: list[int], context: int
+    ) -> torch.Tensor:
+        """One draft level right after `context` committed pairs of `slot`: the block over the
+        entries (parent outputs `hidden` [n, h], their `tokens`), then the head's logits
+        [n, draft vocab]; what a chain step (n = 1) or a tree level costs (bench.profile). The
+        slot counts `context` pairs as fed; the next proposal's catch-up refeeds what it must."""
+        state = self.slots[slot]
+        state.fed = context
+        return self.head.logits(self._step(state, hidden, tokens, context, 0, None))
 
     def _chain(self, state, sequence, root, depth, policy, sampling, generator) -> Proposal:
         tokens, probs, raw = [], [], []

@@ -25,6 +25,8 @@ from specpilot.types import Proposal
 
 
 class ModelDrafter:
+    default_budget = None
+
     def __init__(
         self,
         runner: CausalRunner,
