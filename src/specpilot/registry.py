@@ -14,12 +14,12 @@ from functools import partial
 from typing import Any
 
 from specpilot.drafting import ModelDrafter, NgramDrafter
-from specpilot.drafting.dynamic_tree import DEFAULT_DEPTH, DEFAULT_NODES, DEFAULT_TOPK
 from specpilot.errors import ConfigError
 from specpilot.models.vocab import DraftVocabulary
 from specpilot.policies import ConstantPolicy, HeuristicPolicy, SvipPolicy
 from specpilot.policies.ltd import LtdPolicy
 from specpilot.policies.tree_goodput import TreeGoodputPolicy
+from specpilot.tree import DEFAULT_DEPTH, DEFAULT_NODES, DEFAULT_TOPK
 
 DRAFT_POLICIES: dict[str, Callable[..., Any]] = {
     "constant": ConstantPolicy,

@@ -244,13 +244,13 @@ def test_server_survives_abuse(server, client):
 
 def test_an_engine_failure_is_a_500_and_the_server_goes_on(server, client, monkeypatch):
     engine = server.app.state.worker.engine
-    step = engine._step
+    step = engine.step
 
     def broken(rows, finish_together=False):
-        monkeypatch.setattr(engine, "_step", step)  # fail once
+        monkeypatch.setattr(engine, "step", step)  # fail once
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(engine, "_step", broken)
+    monkeypatch.setattr(engine, "step", broken)
     with pytest.raises(openai.InternalServerError):
         client.completions.create(model=MODEL, prompt="w5 w6", temperature=0)
     answer = client.completions.create(model=MODEL, prompt="w5 w6", temperature=0, max_tokens=3)

@@ -87,20 +87,15 @@ def eagle_step_ms(models: ModelPair, head: str | None, context: int, repeats: in
     from specpilot.registry import make_eagle_drafter
 
     drafter = make_eagle_drafter(models.target, head)
-    runner, state = models.target.runner, drafter.slots[0]
-    state.fed = context
-    hidden = torch.zeros(8, drafter.head.shape.hidden_size, dtype=runner.dtype)
+    hidden = torch.zeros(8, drafter.head.shape.hidden_size, dtype=models.target.runner.dtype)
     timings = {}
     for rows in (1, 8):
 
         def step(rows=rows):
-            out = drafter._step(state, hidden[:rows], [3] * rows, context, 0, None)
-            drafter.head.logits(out)
+            drafter.draft_step(0, hidden[:rows], [3] * rows, context)
 
-        with torch.inference_mode():
-            step()
-            timings[rows] = _median_ms(step, repeats)
-    drafter.reset()
+        step()
+        timings[rows] = _median_ms(step, repeats)
     return timings
 
 

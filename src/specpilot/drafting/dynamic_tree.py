@@ -23,12 +23,6 @@ import torch
 from specpilot.config import require
 from specpilot.policies.base import DraftPolicy, DraftToken, TreePolicy
 
-DEFAULT_DEPTH, DEFAULT_TOPK, DEFAULT_NODES = 3, 4, 8
-"""Tree defaults from the measured sweeps with trained heads (BENCHMARKS §8.3, §8.7): on both
-targets the head's own tokens past the first level are accepted too rarely to pay for deeper or
-wider trees (1.5B: 3 levels × top 4 × 8 nodes 1.70× plain decoding, 4 × 8 × 16 1.63×,
-6 × 10 × 32 1.35×; SmolLM2-135M: 1.18× against 1.07× and less)."""
-
 Feed = Callable[[int, list[int], list[int]], torch.Tensor]
 """feed(level, frontier, fed) → [len(frontier), vocab] logits: write the frontier nodes (depth
 `level`) into the drafter's cache after the already `fed` nodes and score what follows each."""

@@ -34,15 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from specpilot.config import SamplingConfig, require
-from specpilot.drafting.dynamic_tree import (
-    DEFAULT_DEPTH,
-    DEFAULT_NODES,
-    DEFAULT_TOPK,
-    DynamicTree,
-    ancestor_mask,
-    grow,
-    select_for,
-)
+from specpilot.drafting.dynamic_tree import DynamicTree, ancestor_mask, grow, select_for
 from specpilot.drafting.eagle_head import EagleHead
 from specpilot.drafting.ngram import NgramDrafter
 from specpilot.errors import ConfigError
@@ -50,7 +42,7 @@ from specpilot.models.synced_cache import common_prefix_length
 from specpilot.models.vocab import DraftVocabulary
 from specpilot.policies.base import DraftPolicy, DraftToken
 from specpilot.sampling import logits_to_probs, sample
-from specpilot.tree import graft
+from specpilot.tree import DEFAULT_DEPTH, DEFAULT_NODES, DEFAULT_TOPK, graft
 from specpilot.types import Proposal
 
 TREE_CAPACITY = 1024
@@ -75,6 +67,9 @@ class _Slot:
 
 
 class EagleDrafter:
+    drafts_jointly = False
+    """Each row's head runs on its own."""
+
     def __init__(
         self,
         target,
@@ -240,6 +235,18 @@ class EagleDrafter:
         state.k[:, row : row + n] = k
         state.v[:, row : row + n] = v
         return out
+
+    @torch.inference_mode()
+    def draft_step(
+        self, slot: int, hidden: torch.Tensor, tokens: list[int], context: int
+    ) -> torch.Tensor:
+        """One draft level right after `context` committed pairs of `slot`: the block over the
+        entries (parent outputs `hidden` [n, h], their `tokens`), then the head's logits
+        [n, draft vocab]; what a chain step (n = 1) or a tree level costs (bench.profile). The
+        slot counts `context` pairs as fed; the next proposal's catch-up refeeds what it must."""
+        state = self.slots[slot]
+        state.fed = context
+        return self.head.logits(self._step(state, hidden, tokens, context, 0, None))
 
     def _chain(self, state, sequence, root, depth, policy, sampling, generator) -> Proposal:
         tokens, probs, raw = [], [], []

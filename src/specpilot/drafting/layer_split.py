@@ -53,6 +53,7 @@ class VerifiedBlock:
 
 
 class LayerSplitDrafter:
+    default_budget = None
     drafts_jointly = True
     """One shallow forward per position serves every drafting row."""
 

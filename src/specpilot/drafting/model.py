@@ -14,22 +14,19 @@ import torch
 
 from specpilot.config import SamplingConfig, require
 from specpilot.drafting.chains import draft_chains
-from specpilot.drafting.dynamic_tree import (
-    DEFAULT_NODES,
-    DynamicTree,
-    ancestor_mask,
-    grow,
-    select_for,
-)
+from specpilot.drafting.dynamic_tree import DynamicTree, ancestor_mask, grow, select_for
 from specpilot.errors import ConfigError
 from specpilot.models.runner import CausalRunner
 from specpilot.models.synced_cache import sync
 from specpilot.models.vocab import DraftVocabulary
 from specpilot.policies.base import DraftPolicy
+from specpilot.tree import DEFAULT_NODES
 from specpilot.types import Proposal
 
 
 class ModelDrafter:
+    default_budget = None
+
     def __init__(
         self,
         runner: CausalRunner,

@@ -20,6 +20,10 @@ class NgramDrafter:
     """Longest suffix n-gram to match; shorter ones are tried when it does not occur."""
     min_ngram: int = 1
 
+    default_budget = None
+    drafts_jointly = False
+    """Row by row, at no model cost."""
+
     def __post_init__(self) -> None:
         require(1 <= self.min_ngram <= self.max_ngram, "need 1 <= min_ngram <= max_ngram")
 

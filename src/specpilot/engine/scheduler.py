@@ -81,9 +81,9 @@ class Scheduler:
         engine = self.engine
         config = config or GenerationConfig()
         request = Request(
-            engine._encode(prompt),
+            engine.encode(prompt),
             config,
-            engine._stopper(config),
+            engine.stop_rule(config),
             engine.draft_policy,
             on_tokens,
             on_finish,
@@ -106,7 +106,7 @@ class Scheduler:
         self._admit()
         pending = [row for row in self.active if not row.prefilled]
         if pending:
-            self.engine._prefill(pending, self.prefill_chunk)
+            self.engine.prefill(pending, self.prefill_chunk)
         max_length = self.engine.target.max_length
         for row in self.active:
             if row.room(max_length) <= 0:
@@ -114,7 +114,7 @@ class Scheduler:
         running = [row for row in self.active if row.reason is None and row.prefilled]
         if running:
             draining = self.finish_together and not self.waiting
-            self.engine._step(running, finish_together=draining)
+            self.engine.step(running, finish_together=draining)
         return finished + self._retire([row for row in self.active if row.reason is not None])
 
     def cancel_all(self) -> None:
@@ -151,12 +151,12 @@ class Scheduler:
         if not self.waiting or not self.free:
             return
         if not self.active:
-            self.engine._reset_plugs()  # a new batch starts: no row holds per-request state
+            self.engine.reset()  # a new batch starts: no row holds per-request state
         admitted = []
         while self.waiting and self.free:
             with self._lock:
                 request = self.waiting.popleft()
-            request.slot = max(self.free, key=lambda s: (self.engine._reusable(s, request), -s))
+            request.slot = max(self.free, key=lambda s: (self.engine.reusable(s, request), -s))
             self.free.remove(request.slot)
             admitted.append(request)
         start = time.perf_counter()

@@ -27,15 +27,22 @@ from collections.abc import Callable
 import torch
 
 from specpilot.config import GenerationConfig, SamplingConfig
-from specpilot.drafting.base import Drafter
+from specpilot.drafting.base import Drafter, LearningDrafter
 from specpilot.engine.request import GenerationResult, Request, check_prompt
 from specpilot.engine.scheduler import Scheduler
 from specpilot.engine.stopping import StopChecker
+from specpilot.engine.target_pass import target_pass
 from specpilot.errors import ConfigError
 from specpilot.models.chat import Messages, encode_prompt
 from specpilot.models.runner import CausalRunner
 from specpilot.models.synced_cache import sync
-from specpilot.policies.base import BatchPlanner, DraftPolicy, VerifyPolicy
+from specpilot.policies.base import (
+    BatchPlanner,
+    CacheHolder,
+    DraftPolicy,
+    TimedPolicy,
+    VerifyPolicy,
+)
 from specpilot.policies.draft import ConstantPolicy
 from specpilot.policies.verify_all import VerifyAll
 from specpilot.sampling import top_probability
@@ -78,6 +85,10 @@ class SpeculativeEngine:
             eos_ids = set() if eos is None else {eos}
         self.eos_ids = frozenset(eos_ids)
         self.observers: list[Callable[[int, Proposal, torch.Tensor, StepRecord], None]] = []
+        self.target_pass = target_pass(target, drafter)
+        """The target's forwards, with a feature drafter's hand-off (engine.target_pass)."""
+        self.learner = drafter if isinstance(drafter, LearningDrafter) else None
+        """The drafter, if it learns from each verified chain (DVI)."""
 
     def generate(
         self,
@@ -128,31 +139,39 @@ class SpeculativeEngine:
         scheduler.run()
         return [request.result for request in requests]
 
-    # -- the scheduler's hooks (engine.scheduler drives the loop) ----------------------------
-    def _reset_plugs(self) -> None:
+    # -- the surface the scheduler drives (engine.scheduler) ---------------------------------
+    def encode(self, prompt: str | Messages | list[int]) -> list[int]:
+        """A prompt's token ids: text and messages through the chat template, ids as they are.
+        Raises PromptError for an empty or too long prompt."""
+        if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt) and prompt:
+            prompt_ids = list(prompt)
+        else:
+            prompt_ids = encode_prompt(self.tokenizer, prompt)
+        check_prompt(prompt_ids, self.target.max_length)
+        return prompt_ids
+
+    def stop_rule(self, config: GenerationConfig) -> StopChecker:
+        """A request's stopping rule (its stop strings and ids, and the end-of-sequence ids)."""
+        return StopChecker.for_request(config, self.eos_ids, self.tokenizer)
+
+    def reset(self) -> None:
         """Forget per-request state in the drafter and verify policy before a batch starts
         (each request resets its own draft-policy copy)."""
         for plug in (self.drafter, self.verify_policy):
             if plug is not None:
                 plug.reset()
 
-    def _reusable(self, slot: int, request: Request) -> int:
+    def reusable(self, slot: int, request: Request) -> int:
         """Leading prompt tokens `slot` holds for `request` (what its prefill can skip)."""
-        keep = self.target.cached.reusable(slot, request.prompt_ids[:-1])
-        reusable = getattr(self.drafter, "reusable", None)
-        return keep if reusable is None else min(keep, reusable(slot, request.prompt_ids))
+        return self.target_pass.reusable(slot, request.prompt_ids)
 
-    def _prefill(self, rows: list[Request], budget: int | None = None) -> None:
+    def prefill(self, rows: list[Request], budget: int | None = None) -> None:
         """Feed the rows' prompts (less what their slots hold; at most `budget` tokens in all,
         the earliest rows first) in one target forward, and their features to a drafter that
         reads them; a row whose prompt is then in the cache is marked `prefilled`."""
         start = time.perf_counter()
-        # A drafter that reads the target's features can reuse no more than it has features for
-        # (another engine may have used the target's cache since).
-        reusable = getattr(self.drafter, "reusable", None)
-        if reusable is not None:
-            for row in rows:
-                self.target.rollback(reusable(row.slot, row.prompt_ids), slot=row.slot)
+        for row in rows:
+            self.target_pass.trim(row.slot, row.prompt_ids)
         feeds = [sync(self.target, row.prompt_ids, row.slot)[:-1] for row in rows]
         pieces, left = [], budget
         for feed in feeds:
@@ -165,20 +184,19 @@ class SpeculativeEngine:
             for row, piece, feed in zip(rows, pieces, feeds, strict=True)
             if piece or not feed
         ]
-        _, features = self._target_forward(
+        self.target_pass.forward(
             [piece for _, piece, _ in fed], [row.slot for row, _, _ in fed], "none"
         )
-        for (row, piece, start_position), slot_features in zip(fed, features, strict=True):
+        for index, (row, piece, start_position) in enumerate(fed):
             self.target.cached.add(row.slot, piece)
-            if slot_features is not None:
-                self.drafter.take_features(row.slot, start_position, slot_features, piece)
+            self.target_pass.commit(index, row.slot, start_position, piece, None)
             row.prefilled = start_position + len(piece) == len(row.prompt_ids) - 1
         prefill_s = time.perf_counter() - start
         for row, piece, _ in fed:
             row.stats.prefill_s += prefill_s
             row.stats.prefill_tokens += len(piece)
 
-    def _step(self, rows: list[Request], finish_together: bool = False) -> None:
+    def step(self, rows: list[Request], finish_together: bool = False) -> None:
         """Draft → select → verify all rows in one target forward → commit each row.
         `finish_together`: the caller waits for the last of these rows (planners are told each
         row's remaining tokens)."""
@@ -207,7 +225,7 @@ class SpeculativeEngine:
         ]
         trees = [p.parents for p in proposals]
         verify_start = time.perf_counter()
-        logits, features = self._target_forward(
+        logits = self.target_pass.forward(
             [[row.sequence[-1], *p.tokens] for row, p in zip(rows, proposals, strict=True)],
             [row.slot for row in rows],
             "all",
@@ -227,26 +245,22 @@ class SpeculativeEngine:
             for row, p, row_logits in zip(rows, proposals, logits, strict=True)
         ]
         verify_s = time.perf_counter() - verify_start
-        observe = getattr(self.drafter, "observe", None)
         confident = self.planner is not None and self.planner.reads_target_confidence
         records = []
-        for row, proposal, result, num_drafted, row_logits, row_features in zip(
-            rows, proposals, results, drafted, logits, features, strict=True
+        for index, (row, proposal, result, num_drafted, row_logits) in enumerate(
+            zip(rows, proposals, results, drafted, logits, strict=True)
         ):
-            if observe is not None:  # an online learner learns from the chain
+            if self.learner is not None:  # an online learner learns from the chain
                 chain = proposal.truncated(proposal.chain_length)
-                observe(row.slot, chain, row_logits, result.chain_accepted)
+                self.learner.observe(row.slot, chain, row_logits, result.chain_accepted)
             if result.path is not None:
                 self.target.keep_path(row.slot, len(row.sequence) - 1, result.path)
             held = len(row.sequence) - 1
             emitted = row.commit(result.emitted(proposal.tokens))
             self.target.rollback(len(row.sequence) - 1, slot=row.slot)
-            self.target.cached.add(row.slot, row.sequence[held:-1])
-            if row_features is not None:  # the root and the accepted path stay committed
-                committed = row.sequence[held:-1]
-                path = result.path or tuple(range(result.num_accepted))
-                kept = [0, *(1 + i for i in path)][: len(committed)]
-                self.drafter.take_features(row.slot, held, row_features[kept], committed)
+            committed = row.sequence[held:-1]  # the root and the accepted tokens
+            self.target.cached.add(row.slot, committed)
+            self.target_pass.commit(index, row.slot, held, committed, result.path)
             record = StepRecord(
                 num_drafted=num_drafted,
                 num_verified=proposal.depth,
@@ -279,31 +293,8 @@ class SpeculativeEngine:
         request prefills its whole prompt: for cold-start measurements."""
         self.target.reset()
         for plug in (self.drafter, self.verify_policy):
-            clear = getattr(plug, "clear_cache", None)  # plugs with a model of their own
-            if clear is not None:
-                clear()
-
-    def _target_forward(self, rows, slots, logits: str, trees=None):
-        """One target forward over every row's new tokens: per row its logits and, for a
-        drafter that reads the target's hidden states (`feature_layers`), the taps at those
-        layers concatenated ([n, layers · hidden]; None otherwise)."""
-        options = {}
-        if trees is not None and any(tree is not None for tree in trees):
-            if not getattr(self.target, "supports_trees", False):
-                raise ConfigError(
-                    "this drafter proposes trees, which the target's runner cannot verify: "
-                    "serve the target with the lean decoder backend (Llama/Qwen2 family) or "
-                    "draft chains"
-                )
-            options["trees"] = trees
-        layers = getattr(self.drafter, "feature_layers", ())
-        if not layers:
-            return self.target.forward_batch(rows, slots, logits, **options), [None] * len(rows)
-        outs = self.target.run_batch(rows, slots, logits=logits, tap_layers=layers, **options)
-        return (
-            [out and out.logits for out in outs],
-            [out and torch.cat([out.taps[k] for k in layers], dim=-1) for out in outs],
-        )
+            if isinstance(plug, CacheHolder):  # a plug with a model of its own
+                plug.clear_cache()
 
     def _propose(
         self, rows: list[Request], budgets: list[int], samplings: list[SamplingConfig]
@@ -320,17 +311,5 @@ class SpeculativeEngine:
 
     @staticmethod
     def _policy_seconds(policy: DraftPolicy) -> float:
-        """A learned policy's own deciding time this step (LTD's `take_seconds`), else 0."""
-        take = getattr(policy, "take_seconds", None)
-        return 0.0 if take is None else take()
-
-    def _stopper(self, config: GenerationConfig) -> StopChecker:
-        return StopChecker.for_request(config, self.eos_ids, self.tokenizer)
-
-    def _encode(self, prompt: str | Messages | list[int]) -> list[int]:
-        if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt) and prompt:
-            prompt_ids = list(prompt)
-        else:
-            prompt_ids = encode_prompt(self.tokenizer, prompt)
-        check_prompt(prompt_ids, self.target.max_length)
-        return prompt_ids
+        """A policy's own deciding time this step (LTD's networks), else 0."""
+        return policy.take_seconds() if isinstance(policy, TimedPolicy) else 0.0

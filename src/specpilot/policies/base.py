@@ -105,3 +105,29 @@ class BatchPlanner(Protocol):
 
     def retire(self, policy: DraftPolicy) -> None:
         """A row's request has ended (`policy`: its own copy, as it ended)."""
+
+
+@runtime_checkable
+class TimedPolicy(Protocol):
+    """A draft policy that runs models of its own (LTD's networks): the engine records their
+    time in each step's `StepRecord.policy_s`."""
+
+    def take_seconds(self) -> float:
+        """Seconds spent deciding since the last call."""
+
+
+@runtime_checkable
+class DrafterShapingPolicy(Protocol):
+    """A policy that sets its drafter's shape (LTD and tree-goodput: a tree's depth, width)."""
+
+    def drafter_options(self, drafter: str, given: dict) -> dict:
+        """The options to build `drafter` (a drafter name) with, from those `given`."""
+
+
+@runtime_checkable
+class CacheHolder(Protocol):
+    """A plug (drafter or verify policy) with a model of its own whose cache the engine empties
+    with the target's (SpeculativeEngine.clear_cache)."""
+
+    def clear_cache(self) -> None:
+        """Empty that model's cache, so the next request starts cold."""

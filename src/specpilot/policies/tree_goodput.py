@@ -34,9 +34,9 @@ from dataclasses import dataclass, field
 import torch
 
 from specpilot.config import require
-from specpilot.drafting.dynamic_tree import DEFAULT_DEPTH
 from specpilot.policies.base import DraftToken
 from specpilot.policies.latency import LatencyCurve
+from specpilot.tree import DEFAULT_DEPTH
 from specpilot.types import StepRecord
 
 CALIBRATION_PRIOR = 4.0

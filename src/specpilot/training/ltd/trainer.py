@@ -27,7 +27,6 @@ from stable_baselines3.common.callbacks import BaseCallback
 from tqdm import tqdm
 
 from specpilot.config import require
-from specpilot.drafting.dynamic_tree import DEFAULT_DEPTH, DEFAULT_NODES
 from specpilot.policies.ltd import single_thread
 from specpilot.policies.ltd_net import DEFAULT_HIDDEN, LtdNets, mlp
 from specpilot.training.ltd.config import LtdTrainConfig
@@ -41,6 +40,7 @@ from specpilot.training.ltd.envs import (
     static_grid,
 )
 from specpilot.training.ltd.replay import ReplayLog
+from specpilot.tree import DEFAULT_DEPTH, DEFAULT_NODES
 
 LOG_COLUMNS = [
     "stage", "policy", "steps", "train_reward", "train_depth", "train_size", "train_accepted",
