@@ -152,7 +152,7 @@ def make_drafter(name: str, draft=None, target=None, **options: Any):
     if name == "dvi":
         learner = None
         if _flag(options.pop("learn", False)):
-            from specpilot.training.dvi import DviLearner, DviTrainConfig
+            from specpilot.drafting.dvi_learning import DviLearner, DviTrainConfig
 
             # A train-dvi folder's head goes on learning with the settings it was trained with.
             config = DviTrainConfig.of_run(options.get("adapter"))

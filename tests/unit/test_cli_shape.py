@@ -16,6 +16,7 @@ from specpilot.api import build_engine, load_models
 from specpilot.cli.common import add_method_arguments, add_model_arguments, engine_builder
 from specpilot.config import GenerationConfig
 from specpilot.drafting import ModelDrafter
+from specpilot.drafting.dvi_learning import DviTrainConfig
 from specpilot.drafting.layer_split import SharedShallowTarget
 from specpilot.engine import SpeculativeEngine
 from specpilot.errors import ConfigError
@@ -23,7 +24,6 @@ from specpilot.models.decoder import DecoderRunner
 from specpilot.policies import ConstantPolicy
 from specpilot.policies.controller import GoodputController
 from specpilot.policies.verify import VerifyAll
-from specpilot.training.dvi import DviTrainConfig
 from specpilot.training.dvi.trainer import TrainDviOptions
 
 

@@ -12,9 +12,9 @@ from tiny import save_tiny
 
 from specpilot.cli import main
 from specpilot.drafting.dvi_head import LATEST_FILE, META_FILE
+from specpilot.drafting.dvi_learning.config import CONFIG_FILE
 from specpilot.errors import ConfigError
 from specpilot.registry import make_drafter, make_dvi_drafter
-from specpilot.training.dvi.config import CONFIG_FILE
 
 DTYPE = ["--dtype", "float32", "--max-length", "128"]
 
@@ -237,7 +237,7 @@ def test_learning_goes_on_with_the_runs_settings(target, trained, tmp_path):
     """--learn on a train-dvi folder uses the config the head was trained with
     (train_config.json); on a bare adapter folder, the defaults."""
     from specpilot import load_models
-    from specpilot.training.dvi import DviTrainConfig
+    from specpilot.drafting.dvi_learning import DviTrainConfig
 
     saved = json.loads((trained / CONFIG_FILE).read_text())
     assert saved["batch_size"] == 8 and saved["rollout_blocks"] == 2
