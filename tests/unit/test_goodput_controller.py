@@ -11,11 +11,12 @@ import pytest
 import torch
 from tiny import save_tiny
 
-from specpilot.api import build_engine, load_models, make_goodput
-from specpilot.bench.profile import profile_cache_path
+from specpilot.api import build_engine, load_models
 from specpilot.cli import main
 from specpilot.config import GenerationConfig
 from specpilot.errors import ConfigError
+from specpilot.methods import make_policy
+from specpilot.methods.goodput import make_goodput, profile_cache_path
 from specpilot.policies.controller import (
     EXPLORE_SAMPLES,
     MAX_PROBE_GAP,
@@ -595,7 +596,7 @@ def models(tmp_path_factory):
 
 def test_make_goodput_reads_a_cached_profile(models, tmp_path, monkeypatch):
     monkeypatch.setenv("SPECPILOT_CACHE", str(tmp_path))
-    policy, planner, verify = make_goodput(models, None, max_k="5")
+    policy, planner, verify = make_goodput(models, None, max_k=5)
     assert policy.max_k == 5 and verify is None and not planner.verify.points()
     path = profile_cache_path(models.target.name, models.target.runner.dtype)
     assert path.parent == tmp_path / "profiles" and path.name.endswith("-float32.json")
@@ -603,10 +604,10 @@ def test_make_goodput_reads_a_cached_profile(models, tmp_path, monkeypatch):
     path.write_text(json.dumps({"verify_ms": {"128": [2.0, 2.5, 3.0]}}))
     _, planner, _ = make_goodput(models, None)
     assert planner.verify(2) == pytest.approx(0.0025)
-    with pytest.raises(ConfigError, match="goodput option"):
-        make_goodput(models, None, memory="lots")
-    with pytest.raises(ConfigError, match="unknown goodput option.*gamma"):
-        make_goodput(models, None, gamma=3)
+    with pytest.raises(ConfigError, match="memory='lots' of policy 'goodput' must be a number"):
+        make_policy("goodput", models, memory="lots")
+    with pytest.raises(ConfigError, match="unknown option 'gamma' for policy 'goodput'"):
+        make_policy("goodput", models, gamma=3)
 
 
 def test_ended_requests_report_their_spells_and_drafted_steps(tmp_path):
