@@ -202,15 +202,18 @@ def test_prompt_sample_follows_the_seed(tmp_path):
 
 
 def test_eagle_methods_in_bench(capsys, folders, tmp_path):
-    """`sd:drafter=eagle,head=DIR` (tree, chain) runs in bench with no greedy mismatch."""
+    """`sd:drafter=eagle,eagle_head=DIR` (tree, chain) runs in bench with no greedy mismatch."""
     from eagle_fixtures import tiny_head
 
     from specpilot.models import load_model
 
     runner = load_model(str(folders[0]), dtype="float32", progress=False).runner
     tiny_head(runner).save(tmp_path / "head")
-    tree = f"sd:drafter=eagle,head={tmp_path / 'head'},depth=3,topk=4,nodes=10"
-    chain = f"sd:drafter=eagle,head={tmp_path / 'head'},topk=1"
+    head = tmp_path / "head"
+    tree = (
+        f"sd:drafter=eagle,eagle_head={head},tree_depth=3,tree_topk=4,tree_nodes=10,policy=constant"
+    )
+    chain = f"sd:drafter=eagle,eagle_head={head},tree_topk=1,policy=constant"
     code, out, err = bench(capsys, folders, "--method", tree, "--method", chain)
     assert code == 0, err
     rows = {r["method"]: r for r in json.loads(out.strip().splitlines()[-1])["results"]}

@@ -678,7 +678,7 @@ def test_generate_with_goodput_policy(capsys, tmp_path):
         code = main(["generate", *common, *drafter, "--policy", "goodput", "--prompt", "w5 w6"])
         assert code == 0
     assert main(["generate", *common, "--policy", "goodput", "--k", "3", "--prompt", "w5"]) == 2
-    assert "--k sets the draft length" in capsys.readouterr().err
+    assert "unknown option 'k' for drafter 'model' and policy 'goodput'" in capsys.readouterr().err
 
 
 def test_a_stale_spell_of_rejections_fades_to_the_long_run_acceptance():
