@@ -128,7 +128,7 @@ def test_identity_check_catches_a_lossy_method(capsys, folders, tmp_path, monkey
     [
         (["--method", "warp-drive"], "unknown method 'warp-drive'"),
         (["--method", "sd:k"], "options must be key=value"),
-        (["--method", "sd:policy=nope"], "unknown draft policy 'nope'"),
+        (["--method", "sd:policy=nope"], "unknown policy 'nope'"),
         (["--repeats", "0"], "--repeats must be >= 1"),
         (["--batch-size", "0"], "--batch-size must be >= 1"),
         (["--batch-size", "2", "--method", "hf-pld"], "one sequence at a time"),

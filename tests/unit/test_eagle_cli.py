@@ -122,7 +122,7 @@ def test_bad_heads_give_one_line_errors(trained, target, tmp_path, capsys):
     assert_one_line_error(err, "another target")
     code, _, err = run_cli(capsys, *base[:3], "--drafter", "model", *base[5:], "--eagle-head", out)
     assert code == 2
-    assert_one_line_error(err, "belong to --drafter eagle")
+    assert_one_line_error(err, "unknown option 'eagle_head' for drafter 'model'")
     code, _, err = run_cli(capsys, *base, "--eagle-head", out, "--eagle-lookup", "-1")
     assert code == 2
     assert_one_line_error(err, "lookup must be >= 0")

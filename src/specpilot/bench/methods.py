@@ -51,18 +51,24 @@ class BenchMethod:
         return self.kind == "hf-assisted" or (self.spec is not None and self.spec.needs_draft)
 
 
-def parse_method(text: str) -> BenchMethod:
+def split_method(text: str) -> tuple[str, dict[str, str]]:
+    """`NAME[:key=value,...]` → its name and options as written (nothing else is checked)."""
     kind, _, rest = text.partition(":")
-    if kind not in METHOD_KINDS:
-        raise ConfigError(
-            f"unknown method {kind!r} in {text!r}; choose from {', '.join(METHOD_KINDS)}"
-        )
     options = {}
     for item in filter(None, rest.split(",")):
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise ConfigError(f"method {text!r}: options must be key=value, got {item!r}")
         options[key.strip()] = value.strip()
+    return kind, options
+
+
+def parse_method(text: str) -> BenchMethod:
+    kind, options = split_method(text)
+    if kind not in METHOD_KINDS:
+        raise ConfigError(
+            f"unknown method {kind!r} in {text!r}; choose from {', '.join(METHOD_KINDS)}"
+        )
     spec = MethodSpec.parse(text) if kind in ENGINE_METHODS else None
     return BenchMethod(text, kind, options, spec)
 
