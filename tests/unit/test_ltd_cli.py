@@ -78,7 +78,10 @@ def test_bad_policy_folders_give_one_line_errors(trained, target, head, tmp_path
         (["--policy", "ltd", "--ltd-policies", tmp_path / "missing"], "not found"),
         (["--policy", "ltd", "--ltd-policies", tmp_path], "not an LTD policy folder"),
         (["--policy", "ltd"], "train-ltd --target"),
-        (["--policy", "constant", "--ltd-policies", out], "belongs to --policy ltd"),
+        (
+            ["--policy", "constant", "--ltd-policies", out],
+            "unknown option 'ltd_policies' for drafter 'eagle' and policy 'constant'",
+        ),
         (["--policy", "ltd", "--ltd-policies", out, "--tree-topk", "4"], "top-k 3"),
         (["--policy", "ltd", "--ltd-policies", out, "--policy-option", "use=x"], "use must"),
     ]
