@@ -19,9 +19,9 @@ specpilot bench --prompts docs/eagle/heldout_24.jsonl --max-turns 1 --max-new-to
   --quiet \
   --method sd:k=2 \
   --method sd:drafter=ngram \
-  --method sd:drafter=dvi,adapter=$DVI_ADAPTER,k=1,branches=8,$V \
-  --method sd:drafter=eagle,topk=1,depth=4 \
-  --method sd:drafter=eagle,depth=3,topk=4,nodes=8 \
-  --method sd:drafter=eagle,depth=3,topk=4,nodes=8,lookup=7 \
-  --method sd:drafter=eagle,depth=3,topk=4,nodes=8,policy=svip \
+  --method sd:drafter=dvi,dvi_adapter=$DVI_ADAPTER,k=1,branches=8,$V \
+  --method sd:drafter=eagle,tree_topk=1,tree_depth=4,policy=constant \
+  --method sd:drafter=eagle,tree_depth=3,tree_topk=4,tree_nodes=8,policy=constant \
+  --method sd:drafter=eagle,tree_depth=3,tree_topk=4,tree_nodes=8,eagle_lookup=7,policy=constant \
+  --method sd:drafter=eagle,tree_depth=3,tree_topk=4,tree_nodes=8,policy=svip \
   --json-out "$OUT/qwen_heldout.json"

@@ -15,12 +15,12 @@ mkdir -p "$OUT"
 P=${POLICIES:+,policies=$POLICIES}
 LTD=sd:drafter=eagle,policy=ltd$P
 EXTRA=()
-for folder in ${OTHER:-}; do EXTRA+=(--method "sd:drafter=eagle,policy=ltd,policies=$folder"); done
+for folder in ${OTHER:-}; do EXTRA+=(--method "sd:drafter=eagle,policy=ltd,ltd_policies=$folder"); done
 specpilot bench --target "${TARGET:-qwen2.5-coder-1.5b-instruct}" \
   --prompts docs/eagle/heldout_24.jsonl --max-turns 1 --max-new-tokens 128 \
   --repeats "${REPEATS:-3}" ${LIMIT:+--limit "$LIMIT"} --draft none --quiet \
-  --method "sd:drafter=eagle,topk=8,$STATIC" \
-  --method sd:drafter=eagle \
+  --method "sd:drafter=eagle,tree_topk=8,$STATIC" \
+  --method sd:drafter=eagle,policy=constant \
   --method sd:drafter=eagle,policy=svip \
   --method "$LTD,use=size" \
   --method "$LTD,use=depth" \

@@ -19,7 +19,7 @@ mkdir -p "$OUT"
 HEADS=()
 for run in ${NAMES:-distill ppow no-adaw no-prox}; do
   if [ -d "$RUNS/$run/head" ]; then
-    HEADS+=(--method "sd:drafter=eagle,head=$RUNS/$run/head")
+    HEADS+=(--method "sd:drafter=eagle,eagle_head=$RUNS/$run/head,policy=constant")
   else
     echo "no head in $RUNS/$run: left out" >&2
   fi

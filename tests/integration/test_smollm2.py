@@ -42,8 +42,8 @@ def plain_outputs(models):
         ("model", "heuristic", {}),
         ("ngram", "constant", {"k": 4}),
         # The committed feature heads (distilled, and PPOW-trained from it) on EAGLE-2 trees.
-        ("eagle", "constant", {"drafter_options": {}}),
-        ("eagle", "constant", {"drafter_options": {"head": "ppow"}}),
+        ("eagle", "constant", {}),
+        ("eagle", "constant", {"eagle_head": "ppow"}),
     ],
 )
 def test_speculative_equals_plain_greedy(models, plain_outputs, drafter, policy, options):

@@ -15,11 +15,11 @@ from tiny import TinyTokenizer, seeded_noise, tiny_model
 import specpilot.engine.speculative as speculative
 from specpilot.config import GenerationConfig, SamplingConfig
 from specpilot.drafting.dvi_head import DraftHead
+from specpilot.drafting.dvi_learning import DviLearner, DviTrainConfig
 from specpilot.drafting.layer_split import LayerSplitDrafter
 from specpilot.engine import SpeculativeEngine
 from specpilot.models.decoder import DecoderRunner
 from specpilot.policies import ConstantPolicy, SvipPolicy
-from specpilot.training.dvi import DviLearner, DviTrainConfig
 
 PROMPTS = [[1, 5, 9, 14], [1, 30, 31, 30, 31, 30], [1, 7], [1, 60, 2, 61, 62, 63, 64, 65]]
 MAX_NEW = 40

@@ -22,10 +22,11 @@ from specpilot.drafting import ModelDrafter
 from specpilot.drafting.layer_split import LayerSplitDrafter
 from specpilot.engine import SpeculativeEngine
 from specpilot.errors import ConfigError
+from specpilot.methods import make_drafter
 from specpilot.models.decoder import DecoderRunner
+from specpilot.models.pair import ModelPair
 from specpilot.policies import ConstantPolicy, HeuristicPolicy
 from specpilot.policies.tree_goodput import TreeGoodputPolicy
-from specpilot.registry import make_drafter
 from specpilot.sampling import sample
 from specpilot.tree import children, graft, tree_depths, tree_mask
 from specpilot.types import Proposal, VerifyResult
@@ -220,16 +221,18 @@ def test_tree_options_are_checked():
     class Loaded:
         runner = DecoderRunner(tiny_model("qwen2"))
 
+    models = ModelPair(Loaded(), None)
+
     with pytest.raises(ConfigError, match="share_cache=0"):
-        make_drafter("dvi", target=Loaded(), branches=2, share_cache="1")
+        make_drafter("dvi", models, branches=2, share_cache="1")
     with pytest.raises(ConfigError, match="integer"):
-        make_drafter("dvi", target=Loaded(), branches="two")
+        make_drafter("dvi", models, branches="two")
     with pytest.raises(ConfigError, match="branches must be >= 1"):
-        make_drafter("dvi", target=Loaded(), branches=0)
-    assert not make_drafter("dvi", target=Loaded(), branches=2).share_cache
-    assert make_drafter("dvi", target=Loaded()).share_cache
+        make_drafter("dvi", models, branches=0)
+    assert not make_drafter("dvi", models, branches=2).share_cache
+    assert make_drafter("dvi", models).share_cache
     with pytest.raises(ConfigError, match="unknown option"):
-        make_drafter("ngram", branches=2)
+        make_drafter("ngram", models, branches=2)
 
 
 @pytest.mark.parametrize("topk,nodes", [(2, 5), (4, 16)])

@@ -128,7 +128,7 @@ def test_identity_check_catches_a_lossy_method(capsys, folders, tmp_path, monkey
     [
         (["--method", "warp-drive"], "unknown method 'warp-drive'"),
         (["--method", "sd:k"], "options must be key=value"),
-        (["--method", "sd:policy=nope"], "unknown draft policy 'nope'"),
+        (["--method", "sd:policy=nope"], "unknown policy 'nope'"),
         (["--repeats", "0"], "repeats must be >= 1, got 0 (--repeats)"),
         (["--batch-size", "0"], "batch_size must be >= 1, got 0 (--batch-size)"),
         (["--batch-size", "2", "--method", "hf-pld"], "one sequence at a time"),
@@ -202,15 +202,18 @@ def test_prompt_sample_follows_the_seed(tmp_path):
 
 
 def test_eagle_methods_in_bench(capsys, folders, tmp_path):
-    """`sd:drafter=eagle,head=DIR` (tree, chain) runs in bench with no greedy mismatch."""
+    """`sd:drafter=eagle,eagle_head=DIR` (tree, chain) runs in bench with no greedy mismatch."""
     from eagle_fixtures import tiny_head
 
     from specpilot.models import load_model
 
     runner = load_model(str(folders[0]), dtype="float32", progress=False).runner
     tiny_head(runner).save(tmp_path / "head")
-    tree = f"sd:drafter=eagle,head={tmp_path / 'head'},depth=3,topk=4,nodes=10"
-    chain = f"sd:drafter=eagle,head={tmp_path / 'head'},topk=1"
+    head = tmp_path / "head"
+    tree = (
+        f"sd:drafter=eagle,eagle_head={head},tree_depth=3,tree_topk=4,tree_nodes=10,policy=constant"
+    )
+    chain = f"sd:drafter=eagle,eagle_head={head},tree_topk=1,policy=constant"
     code, out, err = bench(capsys, folders, "--method", tree, "--method", chain)
     assert code == 0, err
     rows = {r["method"]: r for r in json.loads(out.strip().splitlines()[-1])["results"]}

@@ -12,11 +12,12 @@ from specpilot.cli import build_parser, error_flags, main
 from specpilot.config import GenerationConfig, SamplingConfig
 from specpilot.engine import SpeculativeEngine
 from specpilot.errors import ConfigError, PromptError, SpecpilotError
+from specpilot.methods import make_drafter, make_policy
 from specpilot.models.chat import encode_prompt
 from specpilot.models.decoder import DecoderRunner
+from specpilot.models.pair import ModelPair
 from specpilot.policies.sv import read_sv_profile
 from specpilot.prompts import read_prompts_file
-from specpilot.registry import make_draft_policy, make_drafter
 
 
 def run_cli(capsys, *argv):
@@ -41,7 +42,10 @@ def test_unknown_model_exits_nonzero(capsys, monkeypatch):
         (["--top-p", "0"], "top_p must be in (0, 1]"),
         (["--max-new-tokens", "0"], "max_new_tokens must be >= 1"),
         (["--k", "0"], "k must be in 1..64"),
-        (["--policy", "heuristic", "--k", "3"], "--k sets the draft length of --policy constant"),
+        (
+            ["--policy", "heuristic", "--k", "3"],
+            "unknown option 'k' for drafter 'model' and policy",
+        ),
         (["--policy-option", "nonsense"], "KEY=VALUE"),
         (["--dtype", "int3"], "unknown dtype 'int3'"),
     ],
@@ -74,12 +78,12 @@ def test_prompts_file_errors(tmp_path):
 
 
 def test_registry_errors():
-    with pytest.raises(ConfigError, match="unknown draft policy 'magic'"):
-        make_draft_policy("magic")
+    with pytest.raises(ConfigError, match="unknown policy 'magic'"):
+        make_policy("magic")
     with pytest.raises(ConfigError, match="unknown option 'q'"):
-        make_draft_policy("constant", q="1")
+        make_policy("constant", q="1")
     with pytest.raises(ConfigError, match="needs a draft model"):
-        make_drafter("model", None)
+        make_drafter("model", ModelPair(None, None))
     with pytest.raises(ConfigError):
         SamplingConfig(top_k=-1)
 

@@ -9,13 +9,15 @@ import importlib
 from dataclasses import dataclass
 
 import pytest
+import torch
 from tiny import TinyTokenizer, perturbed, save_tiny, tiny_model
 
 from specpilot import cli
 from specpilot.api import build_engine, load_models
-from specpilot.cli.common import add_method_arguments, add_model_arguments, engine_builder
+from specpilot.cli.common import add_method_arguments, add_model_arguments, method_spec
 from specpilot.config import GenerationConfig
 from specpilot.drafting import ModelDrafter
+from specpilot.drafting.dvi_learning import DviTrainConfig
 from specpilot.drafting.layer_split import SharedShallowTarget
 from specpilot.engine import SpeculativeEngine
 from specpilot.errors import ConfigError
@@ -107,7 +109,7 @@ def test_drafters_name_the_runner_the_target_verifies_through(models):
     shared = build_engine(models, "dvi")
     assert isinstance(shared.target, SharedShallowTarget)
     assert shared.target is shared.drafter.verifier(runner)
-    own_cache = build_engine(models, "dvi", drafter_options={"share_cache": "0"})
+    own_cache = build_engine(models, "dvi", share_cache="0")
     assert own_cache.target is runner
     assert build_engine(models, "ngram").target is runner
     with pytest.raises(ConfigError, match="built on another target"):
@@ -116,7 +118,7 @@ def test_drafters_name_the_runner_the_target_verifies_through(models):
 
 def test_a_learning_drafter_reports_its_progress(models):
     assert build_engine(models, "dvi").drafter.summary() is None
-    engine = build_engine(models, "dvi", drafter_options={"learn": True})
+    engine = build_engine(models, "dvi", learn=True)
     engine.generate("w5 w6 w7", GenerationConfig(max_new_tokens=8))
     assert engine.drafter.summary().startswith("dvi --learn: ")
 
@@ -125,14 +127,14 @@ def test_build_engine_takes_a_ready_verify_policy(models):
     policy = VerifyAll()
     assert build_engine(models, "none", verify_policy=policy).verify_policy is policy
     with pytest.raises(ConfigError, match="brings its own verify policy"):
-        build_engine(models, "none", "sv", verify_policy=policy)
+        build_engine(models, "none", "goodput", verify_policy=policy)
 
 
 def test_without_a_policy_the_goodput_controller_decides(tmp_path, models):
     """The default policy is goodput for the draft model, tree-goodput for eagle trees decoding
     one sequence in float32 on the CPU, constant where a fixed draft length is asked for and for
-    the other drafters (api.default_policy); the CLI resolves a missing --policy the same way,
-    and adds the eagle tree's lookup branch where api.default_drafter_options does."""
+    the other drafters (methods.defaults.default_policy); a CLI spec without --policy resolves
+    the same way, and adds the eagle tree's lookup branch where default_drafter_options does."""
     draft = save_tiny(tmp_path / "draft", seed=1)
     pair = load_models(models.target.path, str(draft), "float32", "cpu", 64)
     assert isinstance(build_engine(pair).planner, GoodputController)
@@ -141,7 +143,7 @@ def test_without_a_policy_the_goodput_controller_decides(tmp_path, models):
         build_engine(pair, verify_policy=VerifyAll()),
         build_engine(models, "ngram"),
         build_engine(models, "none"),
-        build_engine(models, "dvi", drafter_options={"learn": True}),
+        build_engine(models, "dvi", learn=True),
     ]
     for engine in fixed:
         assert engine.planner is None and isinstance(engine.draft_policy, ConstantPolicy)
@@ -149,22 +151,24 @@ def test_without_a_policy_the_goodput_controller_decides(tmp_path, models):
     parser = argparse.ArgumentParser()
     add_model_arguments(parser, max_new_tokens=8)
     add_method_arguments(parser)
-    eagle = ["--drafter", "eagle", "--dtype"]
-    # The eagle tree's default lookup branch (api.default_drafter_options): bf16, one sequence.
-    for argv, batch, policy, lookup in [
-        ([], 1, "goodput", None),
-        (["--k", "2"], 1, "constant", None),
-        (["--drafter", "ngram"], 1, "constant", None),
-        ([*eagle, "float32"], 1, "tree-goodput", None),
-        ([*eagle, "float32", "--k", "3"], 1, "constant", None),
-        ([*eagle, "float32"], 4, "constant", None),
-        ([*eagle, "bfloat16"], 1, "constant", 7),
-        ([*eagle, "bfloat16", "--eagle-lookup", "0"], 1, "constant", 0),
-        ([*eagle, "bfloat16", "--policy", "constant"], 1, "constant", None),
-        ([*eagle, "bfloat16", "--k", "3"], 1, "constant", None),
-        ([*eagle, "bfloat16"], 4, "constant", None),
-        ([*eagle, "float32", "--device", "cuda"], 1, "constant", None),
+    eagle = ["--drafter", "eagle"]
+    # The eagle tree's default lookup branch (methods.defaults.default_drafter_options): bf16,
+    # one sequence; the spec resolves its default from the target's dtype on the CPU (None: not
+    # on the CPU) and batch.
+    f32, bf16 = torch.float32, torch.bfloat16
+    for argv, dtype, batch, policy, lookup in [
+        ([], f32, 1, "goodput", None),
+        (["--k", "2"], f32, 1, "constant", None),
+        (["--drafter", "ngram"], f32, 1, "constant", None),
+        (eagle, f32, 1, "tree-goodput", None),
+        ([*eagle, "--k", "3"], f32, 1, "constant", None),
+        (eagle, f32, 4, "constant", None),
+        (eagle, bf16, 1, "constant", 7),
+        ([*eagle, "--eagle-lookup", "0"], bf16, 1, "constant", 0),
+        ([*eagle, "--policy", "constant"], bf16, 1, "constant", None),
+        ([*eagle, "--k", "3"], bf16, 1, "constant", None),
+        (eagle, bf16, 4, "constant", None),
+        (eagle, None, 1, "constant", None),
     ]:
-        args = parser.parse_args(argv)
-        engine_builder(args, batch=batch)
-        assert (args.policy, args.eagle_lookup) == (policy, lookup), argv
+        spec = method_spec(parser.parse_args(argv)).resolved(dtype, batch)
+        assert (spec.policy, spec.option("eagle_lookup")) == (policy, lookup), argv

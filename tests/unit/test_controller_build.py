@@ -7,8 +7,10 @@ import json
 import pytest
 from tiny import save_tiny
 
-from specpilot.api import build_engine, load_models, make_goodput
-from specpilot.bench.profile import profile_cache_path
+from specpilot.api import build_engine, load_models
+from specpilot.drafting import NgramDrafter
+from specpilot.methods import make_policy
+from specpilot.methods.goodput import make_goodput, profile_cache_path
 from specpilot.cli import main
 from specpilot.config import GenerationConfig
 from specpilot.errors import ConfigError
@@ -22,18 +24,19 @@ def models(tmp_path_factory):
 
 def test_make_goodput_reads_a_cached_profile(models, tmp_path, monkeypatch):
     monkeypatch.setenv("SPECPILOT_CACHE", str(tmp_path))
-    policy, planner, verify = make_goodput(models, None, max_k="5")
+    drafter = NgramDrafter()
+    policy, planner, verify = make_goodput(models, drafter, max_k=5)
     assert policy.max_k == 5 and verify is None and not planner.costs.verify.points()
     path = profile_cache_path(models.target.name, models.target.runner.dtype)
     assert path.parent == tmp_path / "profiles" and path.name.endswith("-float32.json")
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps({"verify_ms": {"128": [2.0, 2.5, 3.0]}}))
-    _, planner, _ = make_goodput(models, None)
+    _, planner, _ = make_goodput(models, drafter)
     assert planner.costs.verify(2) == pytest.approx(0.0025)
-    with pytest.raises(ConfigError, match="goodput option"):
-        make_goodput(models, None, memory="lots")
-    with pytest.raises(ConfigError, match="unknown goodput option.*gamma"):
-        make_goodput(models, None, gamma=3)
+    with pytest.raises(ConfigError, match="memory='lots' of policy 'goodput' must be a number"):
+        make_policy("goodput", models, memory="lots")
+    with pytest.raises(ConfigError, match="unknown option 'gamma' for policy 'goodput'"):
+        make_policy("goodput", models, gamma=3)
 
 
 def test_ended_requests_report_their_spells_and_drafted_steps(tmp_path):
@@ -68,7 +71,7 @@ def test_generate_with_goodput_policy(capsys, tmp_path):
         code = main(["generate", *common, *drafter, "--policy", "goodput", "--prompt", "w5 w6"])
         assert code == 0
     assert main(["generate", *common, "--policy", "goodput", "--k", "3", "--prompt", "w5"]) == 2
-    assert "--k sets the draft length" in capsys.readouterr().err
+    assert "unknown option 'k' for drafter 'model' and policy 'goodput'" in capsys.readouterr().err
 
 
 def test_steps_carry_the_target_confidence_where_a_planner_reads_it(tmp_path):

@@ -12,9 +12,10 @@ from tiny import save_tiny
 
 from specpilot.cli import main
 from specpilot.drafting.dvi_head import LATEST_FILE, META_FILE
+from specpilot.drafting.dvi_learning.config import CONFIG_FILE
 from specpilot.errors import ConfigError
-from specpilot.registry import make_drafter, make_dvi_drafter
-from specpilot.training.dvi.config import CONFIG_FILE
+from specpilot.methods import make_drafter
+from specpilot.models.pair import ModelPair
 
 DTYPE = ["--dtype", "float32", "--max-length", "128"]
 
@@ -64,19 +65,19 @@ def assert_one_line_error(err: str, message: str) -> None:
 
 # -- errors ------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
-    "extra",
+    "extra,option",
     [
-        ["--drafter", "model", "--dvi-adapter", "somewhere"],
-        ["--drafter", "none", "--dvi-split", "1"],
-        ["--drafter", "ngram", "--learn"],
-        ["--learn"],  # the default drafter is "model"
+        (["--drafter", "model", "--dvi-adapter", "somewhere"], "dvi_adapter"),
+        (["--drafter", "none", "--dvi-split", "1"], "dvi_split"),
+        (["--drafter", "ngram", "--learn"], "learn"),
+        (["--learn"], "learn"),  # the default drafter is "model"
     ],
     ids=["adapter-with-model", "split-with-none", "learn-with-ngram", "learn-default-drafter"],
 )
-def test_dvi_options_belong_to_drafter_dvi(capsys, target, extra):
+def test_dvi_options_belong_to_drafter_dvi(capsys, target, extra, option):
     code, _, err = run_cli(capsys, "generate", "--target", target, "--prompt", "w5", *extra)
     assert code == 2
-    assert_one_line_error(err, "--dvi-adapter, --dvi-split and --learn belong to --drafter dvi")
+    assert_one_line_error(err, f"unknown option {option!r} for drafter")
     assert "loading" not in err  # refused before any model is loaded
 
 
@@ -166,11 +167,9 @@ def test_dvi_adapter_with_corrupt_metadata(capsys, target, tmp_path):
 
 def test_registry_errors():
     with pytest.raises(ConfigError, match="lean decoder backend"):
-        make_drafter("dvi", None, None)
+        make_drafter("dvi", ModelPair(None, None))
     with pytest.raises(ConfigError, match="unknown option"):
-        make_drafter("dvi", None, None, temperature=1)
-    with pytest.raises(ConfigError, match="lean decoder backend"):
-        make_dvi_drafter(None)
+        make_drafter("dvi", ModelPair(None, None), temperature=1)
 
 
 # -- happy path --------------------------------------------------------------------------------
@@ -237,15 +236,15 @@ def test_learning_goes_on_with_the_runs_settings(target, trained, tmp_path):
     """--learn on a train-dvi folder uses the config the head was trained with
     (train_config.json); on a bare adapter folder, the defaults."""
     from specpilot import load_models
-    from specpilot.training.dvi import DviTrainConfig
+    from specpilot.drafting.dvi_learning import DviTrainConfig
 
     saved = json.loads((trained / CONFIG_FILE).read_text())
     assert saved["batch_size"] == 8 and saved["rollout_blocks"] == 2
-    model = load_models(str(target), None, "float32", "cpu", 128).target
-    drafter = make_drafter("dvi", target=model, adapter=str(trained), learn="1")
+    model = load_models(str(target), None, "float32", "cpu", 128)
+    drafter = make_drafter("dvi", model, dvi_adapter=str(trained), learn="1")
     assert drafter.learner.config == DviTrainConfig(**saved)
     adapter = trained / (trained / LATEST_FILE).read_text().strip() / "adapter"
-    drafter = make_drafter("dvi", target=model, adapter=str(adapter), learn="1")
+    drafter = make_drafter("dvi", model, dvi_adapter=str(adapter), learn="1")
     assert drafter.learner.config == DviTrainConfig()
     (tmp_path / CONFIG_FILE).write_text("{not json")
     with pytest.raises(ConfigError, match="corrupt"):

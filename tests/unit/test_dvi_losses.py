@@ -2,7 +2,7 @@
 docs/methods.md §3.3-3.4).
 
 Every expected value is written out with scalar `math` formulas over explicit small numbers, so
-the tests do not share code (or torch calls) with training/dvi/losses.py.
+the tests do not share code (or torch calls) with drafting/dvi_learning/losses.py.
 """
 
 from __future__ import annotations
@@ -13,10 +13,15 @@ import pytest
 import torch
 
 from specpilot.drafting.dvi_head import LoraSettings
+from specpilot.drafting.dvi_learning import losses
+from specpilot.drafting.dvi_learning.config import DviTrainConfig
+from specpilot.drafting.dvi_learning.schedule import (
+    LossWeights,
+    anchor_beta,
+    loss_weights,
+    mix_schedule,
+)
 from specpilot.errors import ConfigError
-from specpilot.training.dvi import losses
-from specpilot.training.dvi.config import DviTrainConfig
-from specpilot.training.dvi.schedule import LossWeights, anchor_beta, loss_weights, mix_schedule
 
 DRAFT = [[1.0, 2.0, 0.5], [0.0, -1.0, 3.0]]
 TARGET = [[0.3, 1.7, -0.4], [2.0, 0.1, 1.0]]

@@ -17,14 +17,14 @@ from tiny import TinyTokenizer, save_tiny, tiny_model
 
 from specpilot.config import GenerationConfig
 from specpilot.drafting.dvi_head import LATEST_FILE, META_FILE, DraftHead, LoraSettings
+from specpilot.drafting.dvi_learning import DviLearner, DviTrainConfig
+from specpilot.drafting.dvi_learning.buffer import Batch, ReplayBuffer
 from specpilot.drafting.layer_split import LayerSplitDrafter
 from specpilot.engine import SpeculativeEngine
 from specpilot.errors import ConfigError
 from specpilot.models.decoder import DecoderRunner
 from specpilot.models.loading import load_model
 from specpilot.policies import ConstantPolicy
-from specpilot.training.dvi import DviLearner, DviTrainConfig
-from specpilot.training.dvi.buffer import Batch, ReplayBuffer
 from specpilot.training.dvi.trainer import LOG_FILE, TrainDviOptions, train_dvi
 
 PROMPTS = [[1, 5, 9, 14], [1, 30, 31, 30, 31, 30], [1, 7], [1, 60, 2, 61, 62, 63, 64, 65]]

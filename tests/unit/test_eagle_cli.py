@@ -64,7 +64,7 @@ def test_train_then_generate_equals_plain(trained, target, capsys):
     prompt = ["--prompt", "w5 w6 w7 w8", "--max-new-tokens", "20", "--json", *DTYPE]
     code, plain, _ = run_cli(capsys, "generate", "--target", target, "--drafter", "none", *prompt)
     assert code == 0
-    # float32 on the CPU at batch 1: the default policy is tree-goodput (api.default_policy).
+    # float32 on the CPU at batch 1: the default policy is tree-goodput (defaults.default_policy).
     for extra in ([], ["--policy", "constant"], ["--tree-topk", "1"], ["--eagle-lookup", "4"]):
         code, text, err = run_cli(
             capsys, "generate", "--target", target, "--drafter", "eagle", "--eagle-head", out,
@@ -78,28 +78,29 @@ def test_train_then_generate_equals_plain(trained, target, capsys):
 
 
 def test_the_api_sizes_float32_trees_by_goodput_at_batch_1(trained, target):
-    """build_engine's default policy for eagle follows the loaded target (api.default_policy):
-    tree-goodput for one sequence in float32 on the CPU, the constant tree for batches."""
+    """build_engine's default policy for eagle follows the loaded target (methods.defaults.
+    default_policy): tree-goodput for one sequence in float32 on the CPU, the constant tree for
+    batches."""
     out, _ = trained
     for batch, policy in ((1, TreeGoodputPolicy), (2, ConstantPolicy)):
         pair = load_models(str(target), None, "float32", "cpu", 128, batch)
-        engine = build_engine(pair, "eagle", drafter_options={"head": str(out)})
+        engine = build_engine(pair, "eagle", eagle_head=str(out))
         assert isinstance(engine.draft_policy, policy)
     assert engine.draft_policy.k == engine.drafter.depth
 
 
 def test_the_api_adds_a_lookup_branch_to_bf16_trees_of_one_sequence(trained, target):
-    """build_engine's default drafter options (api.default_drafter_options): a bf16 target
-    decoding one sequence gets the eagle tree's lookup branch; batches, float32, a named policy
-    and a named lookup do not."""
+    """build_engine's default drafter options (methods.defaults.default_drafter_options): a bf16
+    target decoding one sequence gets the eagle tree's lookup branch; batches, float32, a named
+    policy and a named lookup do not."""
     out, _ = trained
-    head = {"head": str(out)}
+    head = {"eagle_head": str(out)}
     for dtype, batch, lookup in (("bfloat16", 1, 7), ("bfloat16", 2, 0), ("float32", 1, 0)):
         pair = load_models(str(target), None, dtype, "cpu", 128, batch)
-        assert build_engine(pair, "eagle", drafter_options=head).drafter.lookup == lookup
+        assert build_engine(pair, "eagle", **head).drafter.lookup == lookup
     pair = load_models(str(target), None, "bfloat16", "cpu", 128)
-    assert build_engine(pair, "eagle", "constant", head).drafter.lookup == 0
-    assert build_engine(pair, "eagle", drafter_options={**head, "lookup": 2}).drafter.lookup == 2
+    assert build_engine(pair, "eagle", "constant", **head).drafter.lookup == 0
+    assert build_engine(pair, "eagle", **head, eagle_lookup=2).drafter.lookup == 2
 
 
 def test_bad_heads_give_one_line_errors(trained, target, tmp_path, capsys):
@@ -121,7 +122,7 @@ def test_bad_heads_give_one_line_errors(trained, target, tmp_path, capsys):
     assert_one_line_error(err, "another target")
     code, _, err = run_cli(capsys, *base[:3], "--drafter", "model", *base[5:], "--eagle-head", out)
     assert code == 2
-    assert_one_line_error(err, "belong to --drafter eagle")
+    assert_one_line_error(err, "unknown option 'eagle_head' for drafter 'model'")
     code, _, err = run_cli(capsys, *base, "--eagle-head", out, "--eagle-lookup", "-1")
     assert code == 2
     assert_one_line_error(err, "lookup must be >= 0")

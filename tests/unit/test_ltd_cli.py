@@ -78,7 +78,10 @@ def test_bad_policy_folders_give_one_line_errors(trained, target, head, tmp_path
         (["--policy", "ltd", "--ltd-policies", tmp_path / "missing"], "not found"),
         (["--policy", "ltd", "--ltd-policies", tmp_path], "not an LTD policy folder"),
         (["--policy", "ltd"], "train-ltd --target"),
-        (["--policy", "constant", "--ltd-policies", out], "belongs to --policy ltd"),
+        (
+            ["--policy", "constant", "--ltd-policies", out],
+            "unknown option 'ltd_policies' for drafter 'eagle' and policy 'constant'",
+        ),
         (["--policy", "ltd", "--ltd-policies", out, "--tree-topk", "4"], "top-k 3"),
         (["--policy", "ltd", "--ltd-policies", out, "--policy-option", "use=x"], "use must"),
     ]
@@ -93,12 +96,12 @@ def test_bad_policy_folders_give_one_line_errors(trained, target, head, tmp_path
 
 
 def test_ltd_in_bench(trained, target, head, tmp_path, capsys):  # noqa: F811
-    """`sd:drafter=eagle,policy=ltd,policies=DIR[,use=...]` runs in bench with no greedy
+    """`sd:drafter=eagle,policy=ltd,ltd_policies=DIR[,use=...]` runs in bench with no greedy
     mismatch, and reports the policies' own time."""
     out, _ = trained
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(json.dumps({"question_id": 1, "category": "a", "turns": ["w5 w6"]}) + "\n")
-    both = f"sd:drafter=eagle,head={head},policy=ltd,policies={out}"
+    both = f"sd:drafter=eagle,eagle_head={head},policy=ltd,ltd_policies={out}"
     size = f"{both},use=size,check_every=2"
     code, text, err = run_cli(
         capsys, "bench", "--target", target, "--prompts", prompts, "--max-new-tokens", "12",

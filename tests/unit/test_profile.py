@@ -7,8 +7,9 @@ import json
 import pytest
 from tiny import save_tiny
 
-from specpilot.bench.profile import profile_cache_path, speedup_bound
+from specpilot.bench.profile import speedup_bound
 from specpilot.cli import main
+from specpilot.methods.goodput import profile_cache_path
 
 
 @pytest.fixture(autouse=True)

@@ -11,10 +11,10 @@ import torch
 from specpilot.config import SamplingConfig
 from specpilot.drafting import ModelDrafter
 from specpilot.errors import ConfigError
+from specpilot.methods import make_policy
 from specpilot.models.decoder import DecoderRunner
 from specpilot.models.synced_cache import CachedTokens
 from specpilot.policies import DraftToken, SvipPolicy
-from specpilot.registry import make_draft_policy
 
 
 def logits_with_entropy(target: float, vocab: int = 50) -> torch.Tensor:
@@ -103,17 +103,17 @@ def test_stop_before_the_uncertain_token_may_draft_nothing():
     assert propose_one(drafter, [1, 2], 40, policy).k == 2
     drafter = ModelDrafter(ScriptedRunner([3.0]))  # hopeless from the start: nothing drafted
     assert propose_one(drafter, [1, 2], 40, policy).k == 0
-    assert make_draft_policy("svip", keep_uncertain="0").keep_uncertain is False
+    assert make_policy("svip", keep_uncertain="0").draft_policy.keep_uncertain is False
 
 
 @pytest.mark.parametrize("options", [{"c": "0"}, {"h": "-1"}, {"max_k": "0"}, {"max_k": "65"}])
 def test_bad_options_are_config_errors(options):
     with pytest.raises(ConfigError):
-        make_draft_policy("svip", **options)
+        make_policy("svip", **options)
 
 
 def test_registry_builds_svip_from_strings():
-    policy = make_draft_policy("svip", c="0.2", h="0.5", max_k="12")
+    policy = make_policy("svip", c="0.2", h="0.5", max_k="12").draft_policy
     assert (policy.c, policy.h, policy.max_k) == (0.2, 0.5, 12)
 
 

@@ -11,8 +11,8 @@ import torch
 
 from specpilot.drafting.dynamic_tree import DynamicTree
 from specpilot.errors import ConfigError
+from specpilot.methods import make_policy
 from specpilot.policies.tree_goodput import TreeGoodputPolicy
-from specpilot.registry import make_draft_policy
 from specpilot.types import StepRecord
 
 
@@ -93,17 +93,17 @@ def test_probes_keep_measuring_next_to_the_best_size():
 )
 def test_bad_options_are_named(options):
     with pytest.raises(ConfigError, match=next(iter(options))):
-        make_draft_policy("tree-goodput", **options)
+        make_policy("tree-goodput", **options)
 
 
 def test_only_tree_drafters_are_accepted():
     policy = TreeGoodputPolicy(depth=5)
-    assert policy.drafter_options("eagle", {}) == {"depth": 5}
-    assert policy.drafter_options("eagle", {"depth": 3}) == {"depth": 3}
+    assert policy.drafter_options("eagle", {}) == {"tree_depth": 5}
+    assert policy.drafter_options("eagle", {"tree_depth": 3}) == {"tree_depth": 3}
     assert policy.draft_budget() == 3  # the drafter's given depth is not capped by the budget
     with pytest.raises(ConfigError, match="depth"):
-        policy.drafter_options("eagle", {"depth": 0})
-    assert policy.drafter_options("model", {"nodes": 4}) == {"nodes": 4}
+        policy.drafter_options("eagle", {"tree_depth": 0})
+    assert policy.drafter_options("model", {"tree_nodes": 4}) == {"tree_nodes": 4}
     with pytest.raises(ConfigError, match="tree-goodput"):
         policy.drafter_options("ngram", {})
 

@@ -21,7 +21,7 @@ from itertools import zip_longest
 
 from tqdm import tqdm
 
-from specpilot.bench.methods import MethodSpec, TurnRun, make_method
+from specpilot.bench.methods import BenchMethod, TurnRun, make_method
 from specpilot.bench.resume import RunLog
 from specpilot.config import GenerationConfig
 from specpilot.engine import GenerationStats
@@ -53,7 +53,7 @@ def category_batches(categories: list[str], batch_size: int) -> list[list[int]]:
 
 
 def run_methods(
-    specs: list[MethodSpec],
+    specs: list[BenchMethod],
     records: list[PromptRecord],
     models,
     hf_models: dict,

@@ -1,7 +1,10 @@
 """Benchmark methods, parsed from `NAME[:key=value,...]` strings.
 
 - `ar`: plain autoregressive decoding through specpilot's runner (the baseline, always run);
-- `sd:drafter=model|ngram,policy=NAME,<policy options>`: specpilot speculative decoding;
+- `default`: exactly what `specpilot generate` runs with no method flags;
+- `sd:drafter=NAME,policy=NAME,<options>`: specpilot speculative decoding, the options named as
+  the CLI flags are (`sd:drafter=eagle,tree_depth=4`); no policy: generate's default
+  (methods.MethodSpec parses these three);
 - `hf`: transformers' own `generate` (plain greedy/sampling), the reference AR implementation;
 - `hf-assisted:schedule=constant|heuristic|dynamic,k=N`: transformers assisted generation with the
   same draft weights (`dynamic` is transformers' default confidence-threshold schedule);
@@ -25,41 +28,49 @@ from specpilot.api import ModelPair, build_engine
 from specpilot.config import GenerationConfig
 from specpilot.engine import GenerationStats
 from specpilot.errors import ConfigError
+from specpilot.methods import MethodSpec
+from specpilot.methods.spec import ENGINE_METHODS
 from specpilot.models.chat import encode_prompt, eos_token_ids
 from specpilot.models.hf_adapter import generate_options
 from specpilot.prompts import answer_conversations
-from specpilot.registry import DRAFTER_OPTIONS
 
-METHOD_KINDS = ("ar", "sd", "hf", "hf-assisted", "hf-pld")
+METHOD_KINDS = (*ENGINE_METHODS, "hf", "hf-assisted", "hf-pld")
 
 
 @dataclass(frozen=True)
-class MethodSpec:
+class BenchMethod:
     text: str
     """The method string as given, used as its name in reports."""
     kind: str
     options: dict[str, str] = field(default_factory=dict)
+    spec: MethodSpec | None = None
+    """What specpilot's engine runs (None for transformers' methods)."""
 
     @property
     def needs_draft(self) -> bool:
-        return self.kind == "hf-assisted" or (
-            self.kind == "sd" and self.options.get("drafter", "model") == "model"
-        )
+        return self.kind == "hf-assisted" or (self.spec is not None and self.spec.needs_draft)
 
 
-def parse_method(text: str) -> MethodSpec:
+def split_method(text: str) -> tuple[str, dict[str, str]]:
+    """`NAME[:key=value,...]` → its name and options as written (nothing else is checked)."""
     kind, _, rest = text.partition(":")
-    if kind not in METHOD_KINDS:
-        raise ConfigError(
-            f"unknown method {kind!r} in {text!r}; choose from {', '.join(METHOD_KINDS)}"
-        )
     options = {}
     for item in filter(None, rest.split(",")):
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise ConfigError(f"method {text!r}: options must be key=value, got {item!r}")
         options[key.strip()] = value.strip()
-    return MethodSpec(text, kind, options)
+    return kind, options
+
+
+def parse_method(text: str) -> BenchMethod:
+    kind, options = split_method(text)
+    if kind not in METHOD_KINDS:
+        raise ConfigError(
+            f"unknown method {kind!r} in {text!r}; choose from {', '.join(METHOD_KINDS)}"
+        )
+    spec = MethodSpec.parse(text) if kind in ENGINE_METHODS else None
+    return BenchMethod(text, kind, options, spec)
 
 
 @dataclass
@@ -70,21 +81,10 @@ class TurnRun:
 
 
 class EngineMethod:
-    """`ar` and `sd`: specpilot's engine."""
+    """`ar`, `default` and `sd`: specpilot's engine."""
 
-    def __init__(self, spec: MethodSpec, models: ModelPair):
-        options = dict(spec.options)
-        if spec.kind == "ar":
-            if options:
-                raise ConfigError(f"method 'ar' takes no options, got {spec.text!r}")
-            self.engine = build_engine(models, drafter="none", policy="constant", k=1)
-            return
-        drafter = options.pop("drafter", "model")
-        policy = options.pop("policy", "constant")
-        drafter_options = {
-            k: options.pop(k) for k in DRAFTER_OPTIONS.get(drafter, ()) if k in options
-        }
-        self.engine = build_engine(models, drafter, policy, drafter_options, **options)
+    def __init__(self, method: BenchMethod, models: ModelPair):
+        self.engine = build_engine(models, method.spec)
 
     def run(self, conversations, config: GenerationConfig) -> list[list[TurnRun]]:
         # Cold start: methods share runners and run the same prompts back to back, so without
@@ -105,7 +105,7 @@ class EngineMethod:
 class HFMethod:
     """transformers `generate`, optionally with an assistant model or prompt lookup."""
 
-    def __init__(self, spec: MethodSpec, models: ModelPair, hf_models: dict):
+    def __init__(self, spec: BenchMethod, models: ModelPair, hf_models: dict):
         self.tokenizer = models.target.tokenizer
         self.model = hf_models["target"]
         self.eos = sorted(eos_token_ids(self.tokenizer, models.target.path))
@@ -165,7 +165,7 @@ class HFMethod:
         return [runs]
 
 
-def load_hf_models(models: ModelPair, specs: list[MethodSpec]) -> dict:
+def load_hf_models(models: ModelPair, specs: list[BenchMethod]) -> dict:
     """transformers copies of the same weights, in the same dtype, for the HF peers."""
     from transformers import AutoModelForCausalLM
 
@@ -185,7 +185,7 @@ def load_hf_models(models: ModelPair, specs: list[MethodSpec]) -> dict:
     return loaded
 
 
-def make_method(spec: MethodSpec, models: ModelPair, hf_models: dict):
-    if spec.kind in ("ar", "sd"):
+def make_method(spec: BenchMethod, models: ModelPair, hf_models: dict):
+    if spec.spec is not None:
         return EngineMethod(spec, models)
     return HFMethod(spec, models, hf_models)

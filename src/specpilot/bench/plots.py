@@ -9,20 +9,19 @@ import matplotlib
 matplotlib.use("Agg")  # files only; no display needed
 import matplotlib.pyplot as plt  # noqa: E402
 
-from specpilot.bench.methods import parse_method  # noqa: E402
+from specpilot.bench.methods import split_method  # noqa: E402
 
 
 def method_label(method: str) -> str:
     """A method spec as a legend shows it: option values that are file paths by their file name
     (`sd:policy=sv,sv_profile=/work/runs/x/sv.json` → `sd:policy=sv,sv_profile=sv.json`)."""
-    spec = parse_method(method)
-    if not spec.options:
+    kind, options = split_method(method)
+    if not options:
         return method
-    options = (
-        f"{key}={Path(value).name if '/' in value else value}"
-        for key, value in spec.options.items()
+    shown = (
+        f"{key}={Path(value).name if '/' in value else value}" for key, value in options.items()
     )
-    return f"{spec.kind}:{','.join(options)}"
+    return f"{kind}:{','.join(shown)}"
 
 
 def _finish(fig, ax, path: Path) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import statistics
 import time
-from pathlib import Path
 
 import torch
 from tqdm import tqdm
@@ -20,7 +19,6 @@ from specpilot.api import ModelPair, build_engine
 from specpilot.bench.report import machine_info
 from specpilot.config import GenerationConfig, require
 from specpilot.engine import GenerationStats
-from specpilot.models.offline import cache_root
 
 PROFILE_PROMPTS = (
     "Write a Python function that merges two sorted lists into one sorted list.",
@@ -28,13 +26,6 @@ PROFILE_PROMPTS = (
     "Give three tips for writing clear commit messages.",
     "Summarize the plot of a detective story in four sentences.",
 )
-
-
-def profile_cache_path(target: str, dtype) -> Path:
-    """Where `specpilot profile` keeps a copy of its last profile of this target and dtype: the
-    goodput controller starts from its latency curve (api.make_goodput)."""
-    name = "".join(c if c.isalnum() or c in "-_." else "_" for c in target.strip("/"))
-    return cache_root() / "profiles" / f"{name}-{str(dtype).removeprefix('torch.')}.json"
 
 
 def speedup_bound(alpha: float, gamma: int, cost_ratio: float) -> float:
@@ -84,9 +75,9 @@ def eagle_step_ms(models: ModelPair, head: str | None, context: int, repeats: in
     """Milliseconds of one feature-drafter step (its block over the new entries, then its LM
     head) after `context` committed pairs: for 1 entry (a chain step) and for 8 (a tree
     level of the default frontier)."""
-    from specpilot.registry import make_eagle_drafter
+    from specpilot.methods import make_drafter
 
-    drafter = make_eagle_drafter(models.target, head)
+    drafter = make_drafter("eagle", models, eagle_head=head)
     hidden = torch.zeros(8, drafter.head.shape.hidden_size, dtype=models.target.runner.dtype)
     timings = {}
     for rows in (1, 8):

@@ -16,10 +16,11 @@ import time
 import torch
 from tqdm import tqdm
 
-from specpilot.api import ModelPair, build_engine, load_companion
+from specpilot.api import ModelPair, build_engine
 from specpilot.bench.profile import PROFILE_PROMPTS, latency_curve
 from specpilot.bench.report import machine_info
 from specpilot.config import GenerationConfig, SamplingConfig
+from specpilot.methods.sv import load_companion
 from specpilot.policies.latency import read_verify_curves
 from specpilot.policies.sv import Companion, acceptance_ratio, indicator_probs, indicators
 from specpilot.policies.sv_table import AcceptanceTable, information_gain

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from specpilot.api import ModelPair
 from specpilot.bench.harness import BASELINE, run_methods, summarize
-from specpilot.bench.methods import MethodSpec, parse_method
+from specpilot.bench.methods import BenchMethod, parse_method
 from specpilot.bench.report import machine_info, memory_bandwidth_gbs
 from specpilot.bench.resume import RunLog, runs_path
 from specpilot.config import GenerationConfig, require
@@ -20,7 +20,7 @@ from specpilot.errors import ConfigError
 from specpilot.prompts import PromptRecord, read_prompts_file
 
 
-def bench_methods(texts: list[str], batch_size: int = 1) -> list[MethodSpec]:
+def bench_methods(texts: list[str], batch_size: int = 1) -> list[BenchMethod]:
     """The baseline first, then `texts` (default: sd, plus transformers' assisted generation when
     decoding one prompt at a time, the only way it runs)."""
     texts = texts or (["sd", "hf-assisted"] if batch_size == 1 else ["sd"])
@@ -105,7 +105,7 @@ def rooflines(models: ModelPair) -> dict:
 
 def run_bench(
     models: ModelPair,
-    specs: list[MethodSpec],
+    specs: list[BenchMethod],
     records: list[PromptRecord],
     config: GenerationConfig,
     settings: BenchSettings,

@@ -6,21 +6,24 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import MISSING, fields
+from functools import partial
 
-from specpilot.api import (
-    DEFAULT_DRAFT,
-    DEFAULT_K,
-    DEFAULT_TARGET,
-    ModelPair,
-    build_engine,
-    default_drafter_options,
-    default_policy,
-    load_models,
-)
+from specpilot.api import ModelPair, build_engine, load_models
 from specpilot.config import GenerationConfig, SamplingConfig
 from specpilot.errors import ConfigError
+from specpilot.methods import DRAFTERS, POLICIES, MethodSpec
+from specpilot.methods.defaults import (
+    DEFAULT_DEPTH,
+    DEFAULT_DRAFT,
+    DEFAULT_DRAFTER,
+    DEFAULT_K,
+    DEFAULT_NODES,
+    DEFAULT_TARGET,
+    DEFAULT_TOPK,
+    DVI_SPLIT,
+    EAGLE_BF16_LOOKUP,
+)
 from specpilot.models.loading import resolve_dtype
-from specpilot.registry import DRAFTERS, POLICIES, make_draft_policy
 
 BATCH_HELP = "prompts decoded together (each row accepts its own number of tokens per step)"
 VOCAB_CORPUS_HELP = (
@@ -60,9 +63,9 @@ def add_model_arguments(
 
 
 def add_method_arguments(parser: argparse.ArgumentParser) -> None:
-    """Which drafter and policies decode (see `drafter_options`, `policy_options`)."""
+    """Which drafter and policies decode (see `method_spec`)."""
     parser.add_argument(
-        "--drafter", choices=DRAFTERS, default="model", help="none = plain decoding"
+        "--drafter", choices=DRAFTERS, default=DEFAULT_DRAFTER, help="none = plain decoding"
     )
     parser.add_argument(
         "--draft-vocab",
@@ -111,7 +114,9 @@ def add_method_arguments(parser: argparse.ArgumentParser) -> None:
         "--dvi-adapter", help="--drafter dvi: a trained head (`train-dvi --out` folder or adapter)"
     )
     parser.add_argument(
-        "--dvi-split", type=int, help="--drafter dvi: target layers that draft (default 2)"
+        "--dvi-split",
+        type=int,
+        help=f"--drafter dvi: target layers that draft (default: the adapter's, else {DVI_SPLIT})",
     )
     parser.add_argument(
         "--eagle-head",
@@ -119,115 +124,69 @@ def add_method_arguments(parser: argparse.ArgumentParser) -> None:
         "name of a head committed beside the target's (e.g. ppow; default: the target's own)",
     )
     parser.add_argument(
-        "--tree-depth", type=int, help="--drafter eagle: draft levels per step (default 3)"
+        "--tree-depth",
+        type=int,
+        help=f"--drafter eagle: draft levels per step (default {DEFAULT_DEPTH})",
     )
     parser.add_argument(
         "--eagle-lookup",
         type=int,
         help="--drafter eagle: also verify up to N tokens copied by prompt lookup (what followed "
         "the last earlier occurrence of the text's final n-gram) as one more tree branch "
-        "(default: 7 with no --policy, --k or --batch-size where the target computes in bf16 on "
-        "the CPU, else 0: none)",
+        f"(default: {EAGLE_BF16_LOOKUP} with no --policy, --k or --batch-size where the target "
+        "computes in bf16 on the CPU, else 0: none)",
     )
     parser.add_argument(
         "--tree-topk",
         type=int,
         help="--drafter eagle/model: frontier width, the nodes expanded per level (eagle default "
-        "4; 1 drafts chains)",
+        f"{DEFAULT_TOPK}; 1 drafts chains)",
     )
     parser.add_argument(
-        "--tree-nodes", type=int, help="--drafter eagle/model: tokens verified (default 8)"
+        "--tree-nodes",
+        type=int,
+        help=f"--drafter eagle/model: tokens verified (default {DEFAULT_NODES})",
     )
 
 
-def drafter_options(args: argparse.Namespace, learn: bool = False) -> dict[str, str]:
-    """registry.make_drafter's options from the method arguments (`learn`: DVI's --learn)."""
-    options = {"draft_vocab": args.draft_vocab} if args.draft_vocab else {}
-    if args.draft_vocab_corpus:
-        options["draft_vocab_corpus"] = args.draft_vocab_corpus
-    if args.branches is not None:
-        options["branches"] = args.branches
-    dvi = {"adapter": args.dvi_adapter, "split": args.dvi_split}
-    dvi = {key: value for key, value in dvi.items() if value is not None}
-    if learn:
-        dvi["learn"] = True
-    if dvi and args.drafter != "dvi":
-        raise ConfigError("--dvi-adapter, --dvi-split and --learn belong to --drafter dvi")
-    eagle = {
-        "head": args.eagle_head,
-        "depth": args.tree_depth,
-        "topk": args.tree_topk,
-        "nodes": args.tree_nodes,
-        "lookup": args.eagle_lookup,
-    }
-    eagle = {key: value for key, value in eagle.items() if value is not None}
-    tree_only = {key for key in eagle if key in ("topk", "nodes")}
-    if eagle and args.drafter != "eagle" and not (args.drafter == "model" and eagle == tree_only):
-        raise ConfigError(
-            "--eagle-head, --eagle-lookup and --tree-depth belong to --drafter eagle; --tree-topk "
-            "and --tree-nodes to --drafter eagle or model (whose tree depth is --k)"
-        )
-    return {**options, **dvi, **eagle}
+METHOD_FLAGS = (
+    "draft_vocab",
+    "draft_vocab_corpus",
+    "branches",
+    "k",
+    "companion",
+    "sv_profile",
+    "ltd_policies",
+    "dvi_adapter",
+    "dvi_split",
+    "eagle_head",
+    "tree_depth",
+    "eagle_lookup",
+    "tree_topk",
+    "tree_nodes",
+)
+"""The method flags that are drafter or policy options, by the option's name (a flag not given
+is None and leaves the option unset)."""
 
 
-def policy_options(args: argparse.Namespace) -> dict[str, str]:
-    """The chosen policy's options from --k, --policy-option and the SV arguments."""
-    options = {}
+def method_spec(args: argparse.Namespace, learn: bool = False) -> MethodSpec:
+    """The method the flags name (`learn`: DVI's --learn), validated before any model loads."""
+    options = {name: getattr(args, name) for name in METHOD_FLAGS}
     for item in args.policy_option:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise ConfigError(f"--policy-option expects KEY=VALUE, got {item!r}")
         options[key] = value
-    if args.k is not None:
-        if args.policy != "constant":
-            raise ConfigError(
-                f"--k sets the draft length of --policy constant, not of {args.policy!r}"
-            )
-        options["k"] = str(args.k)
-    if args.policy == "ltd":
-        options.update(target=args.target)
-        if args.ltd_policies:
-            options["policies"] = args.ltd_policies
-    elif args.ltd_policies:
-        raise ConfigError("--ltd-policies belongs to --policy ltd")
-    if args.policy == "sv":
-        options.update(sv_profile=args.sv_profile, companion=args.companion)
-    elif args.policy == "goodput":  # SV trims what the controller drafted
-        sv = {"sv_profile": args.sv_profile, "companion": args.companion}
-        options.update({key: value for key, value in sv.items() if value is not None})
-    elif args.companion or args.sv_profile:
-        raise ConfigError("--companion and --sv-profile belong to --policy sv or goodput")
-    return options
+    if learn:
+        options["learn"] = True
+    return MethodSpec.of(args.drafter, args.policy, **options)
 
 
-def engine_builder(args: argparse.Namespace, learn: bool = False, batch: int = 1):
-    """Check the method flags (drafter, policy and their options) before any model is loaded;
-    return the draft model to load (None when the drafter needs none) and `build(models)`,
-    which makes the engine for `batch` sequences at a time. No --policy: api.default_policy's
-    choice for the target's dtype (as --dtype and --device resolve it) and `batch`, and
-    api.default_drafter_options' lookup branch where no --eagle-lookup is given."""
-    if args.policy is None:
-        on_cpu = str(args.device).split(":")[0] == "cpu"
-        dtype = resolve_dtype(args.dtype, "cpu") if on_cpu else None
-        args.policy = default_policy(args.drafter, args.k is not None, dtype, batch)
-        defaults = default_drafter_options(args.drafter, args.k is not None, dtype, batch)
-        if args.eagle_lookup is None:
-            args.eagle_lookup = defaults.get("lookup")
-    options = policy_options(args)
-    if args.policy in ("sv", "goodput"):  # built with the models; validate before loading
-        from specpilot.policies.sv import read_sv_profile
-
-        if args.policy == "sv" or "sv_profile" in options or "companion" in options:
-            read_sv_profile(options.get("sv_profile"))
-        policy, sv_options = args.policy, options
-    else:
-        policy, sv_options = make_draft_policy(args.policy, **options), {}
-    methods = drafter_options(args, learn=learn)
-
-    def build(models: ModelPair):
-        return build_engine(models, args.drafter, policy, methods, **sv_options)
-
-    return (args.draft if args.drafter == "model" else None), build
+def engine_builder(args: argparse.Namespace, learn: bool = False):
+    """The flags' method spec, checked before any model is loaded: return the draft model to load
+    (None when the drafter needs none) and `build(models)`, which makes its engine."""
+    spec = method_spec(args, learn)
+    return (args.draft if spec.needs_draft else None), partial(build_engine, drafter=spec)
 
 
 def generation_config(args: argparse.Namespace, stop: tuple[str, ...] = ()) -> GenerationConfig:

@@ -45,7 +45,7 @@ def register(commands) -> None:
 def run(args: argparse.Namespace) -> int:
     config = generation_config(args, tuple(args.stop))
     size = batch_size(args.batch_size)
-    draft, build = engine_builder(args, learn=args.learn, batch=size)
+    draft, build = engine_builder(args, learn=args.learn)
     if args.prompts_file:
         records = read_prompts_file(args.prompts_file)
     elif args.prompt is not None:

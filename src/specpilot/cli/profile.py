@@ -28,8 +28,9 @@ def register(commands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from specpilot.bench.profile import profile_cache_path, profile_pair, profile_table
+    from specpilot.bench.profile import profile_pair, profile_table
     from specpilot.bench.run import write_json
+    from specpilot.methods.goodput import profile_cache_path
 
     contexts, gammas = int_list(args.contexts), int_list(args.gammas)
     GenerationConfig(args.max_new_tokens)  # validate before loading

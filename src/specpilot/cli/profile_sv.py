@@ -6,9 +6,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from specpilot.api import SV_GAMMA_MAX
 from specpilot.cli.common import add_model_arguments, generation_config, load_from_args
 from specpilot.errors import ConfigError
+from specpilot.methods.defaults import SV_GAMMA_MAX
 
 
 def register(commands) -> None:

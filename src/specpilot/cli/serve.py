@@ -13,7 +13,6 @@ import signal
 import sys
 import threading
 
-from specpilot.api import DEFAULT_DRAFT
 from specpilot.cli.common import (
     add_method_arguments,
     add_model_arguments,
@@ -23,6 +22,7 @@ from specpilot.cli.common import (
     load_from_args,
 )
 from specpilot.config import require
+from specpilot.methods.defaults import DEFAULT_DRAFT
 
 MAX_NEW_TOKENS_HELP = "max_tokens of requests that give none (default %(default)s)"
 BACKENDS = ("specpilot", "hf-generate")
@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
             args.prefill_chunk is None or args.prefill_chunk >= 1,
             f"--prefill-chunk must be >= 1 token, got {args.prefill_chunk}",
         )
-        draft, build = engine_builder(args, batch=size)
+        draft, build = engine_builder(args)
         backend = EngineWorker(build(load_from_args(args, draft, size)), args.prefill_chunk)
     name = args.model_name or args.target
     app = create_app(backend, name, defaults, args.max_queue)

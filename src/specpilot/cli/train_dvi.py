@@ -8,10 +8,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-from specpilot.api import DEFAULT_TARGET, load_models
+from specpilot.api import load_models
 from specpilot.cli.common import VOCAB_CORPUS_HELP, dataclass_defaults
+from specpilot.drafting.dvi_learning import DviTrainConfig
+from specpilot.methods.defaults import DEFAULT_TARGET
 from specpilot.models.loading import resolve_dtype
-from specpilot.training.dvi import DviTrainConfig
 from specpilot.training.dvi.trainer import TrainDviOptions, train_dvi
 
 DEFAULT_TRAIN_PROMPTS = "../shared/data/sharegpt_sample.jsonl"

@@ -12,10 +12,11 @@ import json
 import sys
 from pathlib import Path
 
-from specpilot.api import DEFAULT_TARGET, load_models
+from specpilot.api import load_models
 from specpilot.cli.common import dataclass_defaults
 from specpilot.cli.train_eagle import DEFAULT_DATA_DIR
 from specpilot.config import require
+from specpilot.methods.defaults import DEFAULT_TARGET
 from specpilot.models.chat import encode_prompt, eos_token_ids
 from specpilot.policies.ltd_net import LtdShape
 from specpilot.training.ltd.config import REWARDS, LtdTrainConfig
@@ -66,7 +67,7 @@ def register(commands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from specpilot.registry import make_eagle_drafter
+    from specpilot.methods import make_drafter
     from specpilot.training.eagle.data import DataOptions, training_prompts
     from specpilot.training.ltd.cost import (
         CostModel,
@@ -94,7 +95,8 @@ def run(args: argparse.Namespace) -> int:
     )
     models = load_models(args.target, None, args.dtype, max_length=args.max_length)
     target = models.target
-    drafter = make_eagle_drafter(target, args.eagle_head, depth=shape.max_depth, topk=shape.topk)
+    tree = {"tree_depth": shape.max_depth, "tree_topk": shape.topk}
+    drafter = make_drafter("eagle", models, eagle_head=args.eagle_head, **tree)
     encoded = [(pid, encode_prompt(target.tokenizer, text)) for pid, text in prompts]
     encoded = [(pid, ids) for pid, ids in encoded if len(ids) <= args.max_prompt_tokens]
     print(f"replay logs: {len(encoded)} training prompts × {args.new_tokens} positions",

@@ -12,7 +12,7 @@ import dataclasses
 import typing
 from pathlib import Path
 
-from specpilot.api import DEFAULT_TARGET, load_models
+from specpilot.api import load_models
 from specpilot.cli.common import (
     add_answer_generation_flags,
     add_feature_cache_flag,
@@ -20,6 +20,7 @@ from specpilot.cli.common import (
 )
 from specpilot.drafting.eagle_head import EagleHead, EagleShape, resolve_head
 from specpilot.errors import ConfigError
+from specpilot.methods.defaults import DEFAULT_TARGET
 from specpilot.training.eagle.data import RESPONSES_FILE, DataOptions, collect_samples, read_samples
 from specpilot.training.eagle.trainer import EagleTrainConfig, write_run_config
 from specpilot.training.ppow import PpowConfig, continued_distillation, train_ppow

@@ -128,16 +128,16 @@ class LtdPolicy:
             f"policy 'ltd' shapes dynamic trees: use drafter 'eagle' (or 'model'), not {drafter!r}",
             ("policy", "drafter"),
         )
-        topk = given.get("topk")
+        topk = given.get("tree_topk")
         require(
             topk is None or int(topk) == self.shape.topk,
             f"these LTD policies were trained on trees of top-k {self.shape.topk}, not {topk}; "
             "drop tree_topk or train policies for it",
             ("tree_topk",),
         )
-        options = {"topk": self.shape.topk}
+        options = {"tree_topk": self.shape.topk}
         if self.decides_depth and drafter == "eagle":
-            options["depth"] = self.shape.max_depth
+            options["tree_depth"] = self.shape.max_depth
         return {**options, **given}
 
     # -- DraftPolicy ----------------------------------------------------------------------------

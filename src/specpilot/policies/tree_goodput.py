@@ -145,10 +145,10 @@ class TreeGoodputPolicy:
         )
         if drafter != "eagle":
             return given
-        if "depth" in given:  # --tree-depth: the levels drafted, which the budget must not cap
-            self.depth = int(given["depth"])
+        if "tree_depth" in given:  # the levels drafted, which the budget must not cap
+            self.depth = int(given["tree_depth"])
             self.__post_init__()
-        return {**given, "depth": self.depth}
+        return {**given, "tree_depth": self.depth}
 
     # -- DraftPolicy --------------------------------------------------------------------------
     def reset(self) -> None:

@@ -1,6 +1,2 @@
-"""DVI online training: replay buffer, loss terms, KL→RL schedule, learner and the train loop."""
-
-from specpilot.training.dvi.config import OBJECTIVES, DviTrainConfig
-from specpilot.training.dvi.learner import DviLearner
-
-__all__ = ["OBJECTIVES", "DviLearner", "DviTrainConfig"]
+"""DVI's offline trainer (`specpilot train-dvi`); the online learner it drives lives with the
+drafter, in drafting.dvi_learning."""

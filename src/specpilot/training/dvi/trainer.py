@@ -22,6 +22,8 @@ import torch
 
 from specpilot.config import GenerationConfig, require
 from specpilot.drafting.dvi_head import LATEST_FILE, DraftHead, LoraSettings
+from specpilot.drafting.dvi_learning.config import DviTrainConfig
+from specpilot.drafting.dvi_learning.learner import DviLearner
 from specpilot.drafting.layer_split import LayerSplitDrafter
 from specpilot.engine import SpeculativeEngine
 from specpilot.errors import ConfigError, PromptError
@@ -31,8 +33,6 @@ from specpilot.models.chat import encode_prompt, eos_token_ids
 from specpilot.models.vocab import DraftVocabulary
 from specpilot.policies.draft import ConstantPolicy
 from specpilot.prompts import read_jsonl, read_prompts_file
-from specpilot.training.dvi.config import DviTrainConfig
-from specpilot.training.dvi.learner import DviLearner
 
 LOG_FILE = "train_log.csv"
 CURVE_FILE = "learning_curve.png"

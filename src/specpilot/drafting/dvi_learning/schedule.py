@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specpilot.training.dvi.config import DviTrainConfig
+from specpilot.drafting.dvi_learning.config import DviTrainConfig
 
 
 @dataclass(frozen=True)

@@ -17,11 +17,11 @@ from collections.abc import Callable
 import torch
 
 from specpilot.drafting.dvi_head import DraftHead
+from specpilot.drafting.dvi_learning import losses
+from specpilot.drafting.dvi_learning.buffer import Batch, ReplayBuffer
+from specpilot.drafting.dvi_learning.config import DviTrainConfig
+from specpilot.drafting.dvi_learning.schedule import LossWeights, loss_weights
 from specpilot.drafting.layer_split import VerifiedBlock
-from specpilot.training.dvi import losses
-from specpilot.training.dvi.buffer import Batch, ReplayBuffer
-from specpilot.training.dvi.config import DviTrainConfig
-from specpilot.training.dvi.schedule import LossWeights, loss_weights
 
 
 class DviLearner:

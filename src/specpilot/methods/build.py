@@ -1,0 +1,50 @@
+"""A spec and loaded models → an engine: the one place names become drafters and policies."""
+
+from __future__ import annotations
+
+from specpilot.engine import SpeculativeEngine
+from specpilot.errors import ConfigError
+from specpilot.methods.drafters import make_drafter
+from specpilot.methods.policies import make_policy, policy_entry
+from specpilot.methods.spec import MethodSpec
+from specpilot.models.chat import eos_token_ids
+from specpilot.models.pair import ModelPair
+from specpilot.drafting.base import SharedTargetDrafter
+from specpilot.policies import VerifyPolicy
+
+
+def engine_for(
+    spec: MethodSpec, models: ModelPair, verify_policy: VerifyPolicy | None = None
+) -> SpeculativeEngine:
+    """The engine `spec` describes on `models`; a spec with no policy gets the default for the
+    loaded target's dtype and batch size. `verify_policy`: a ready VerifyPolicy (default: verify
+    every drafted token), which fixes the draft length like a `k` does."""
+    target = models.target
+    runner = target.runner
+    on_cpu = runner.device.type == "cpu"
+    spec = spec.resolved(
+        runner.dtype if on_cpu else None, runner.batch_size, verify_policy is not None
+    )
+    if policy_entry(spec.policy).verifies and verify_policy is not None:
+        raise ConfigError(
+            f"policy {spec.policy!r} brings its own verify policy; pass no verify_policy"
+        )
+
+    def drafts(shaper=None):
+        options = spec.drafter_options
+        if shaper is not None:  # a tree policy sets the tree's width and depth
+            options = shaper.drafter_options(spec.drafter, options)
+        return make_drafter(spec.drafter, models, **options)
+
+    parts = make_policy(spec.policy, models, drafts, **spec.policy_options)
+    # A drafter may verify through its own view of the target (DVI's shared shallow cache).
+    shares_target = isinstance(parts.drafter, SharedTargetDrafter)
+    return SpeculativeEngine(
+        parts.drafter.verifier(runner) if shares_target else runner,
+        target.tokenizer,
+        drafter=parts.drafter,
+        draft_policy=parts.draft_policy,
+        verify_policy=verify_policy if parts.verify_policy is None else parts.verify_policy,
+        eos_ids=eos_token_ids(target.tokenizer, target.path),
+        planner=parts.planner,
+    )

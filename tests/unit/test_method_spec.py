@@ -1,0 +1,88 @@
+"""MethodSpec: CLI flags, bench strings and API keywords give one spec; names and options are
+checked when it is made; defaults come from methods.defaults; the bench's `default` is what
+`generate` runs with no method flags."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+import torch
+
+from specpilot.bench.methods import parse_method
+from specpilot.cli.common import add_method_arguments, add_model_arguments, method_spec
+from specpilot.errors import ConfigError
+from specpilot.methods import DRAFTERS, POLICIES, MethodSpec
+from specpilot.methods.defaults import DEFAULT_DRAFTER, EAGLE_BF16_LOOKUP
+
+
+def flags(*argv: str) -> MethodSpec:
+    parser = argparse.ArgumentParser()
+    add_model_arguments(parser, max_new_tokens=8)
+    add_method_arguments(parser)
+    return method_spec(parser.parse_args(argv))
+
+
+def test_flags_bench_strings_and_keywords_give_equal_specs():
+    by_flags = flags("--drafter", "eagle", "--tree-depth", "4", "--eagle-head", "ppow")
+    by_string = MethodSpec.parse("sd:drafter=eagle,tree_depth=4,eagle_head=ppow")
+    by_keywords = MethodSpec.of("eagle", tree_depth=4, eagle_head="ppow")
+    assert by_flags == by_string == by_keywords
+    assert by_keywords.option("tree_depth") == 4  # converted to the declared type
+    sv = MethodSpec.of("model", "constant", k=2, draft_vocab=64)
+    assert flags("--policy", "constant", "--k", "2", "--draft-vocab", "64") == sv
+    assert MethodSpec.parse(str(sv)) == sv
+    assert sv.drafter_options == {"draft_vocab": 64} and sv.policy_options == {"k": 2}
+
+
+def test_the_bench_default_is_what_generate_runs():
+    assert parse_method("default").spec == flags() == MethodSpec.of() == MethodSpec()
+    assert MethodSpec().drafter == DEFAULT_DRAFTER
+    # `sd` without a policy gets the same default policy as generate (not constant).
+    assert parse_method("sd").spec == flags()
+    assert parse_method("ar").spec == MethodSpec.of("none", "constant", k=1)
+
+
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        ("sd:drafter=magic", "unknown drafter 'magic'"),
+        ("sd:policy=magic", "unknown policy 'magic'"),
+        ("sd:drafter=eagle,head=x", "unknown option 'head' for drafter 'eagle'"),
+        ("sd:drafter=eagle,policy=constant,depth=3", "unknown option 'depth'"),
+        ("sd:drafter=dvi,adapter=x", "unknown option 'adapter'"),
+        ("sd:drafter=eagle,tree_depth=deep", "tree_depth='deep' of drafter 'eagle'"),
+        ("sd:policy=constant,k=0", "k must be in 1..64"),
+        ("sd:policy=svip,k=3", "unknown option 'k' for drafter 'model' and policy 'svip'"),
+        ("sd:drafter=ngram,learn=maybe", "unknown option 'learn'"),
+        ("sd:drafter=dvi,learn=maybe", "must be a boolean"),
+        ("sd:policy=sv", "SV needs an acceptance profile"),
+        ("default:k=3", "takes no options"),
+        ("sd:k", "key=value"),
+    ],
+)
+def test_bad_names_and_options_are_refused_when_made(text, message):
+    with pytest.raises(ConfigError, match=message):
+        MethodSpec.parse(text)
+
+
+def test_without_a_policy_the_defaults_resolve_from_the_target():
+    assert MethodSpec().resolved(torch.float32).policy == "goodput"
+    assert MethodSpec.of(k=3).resolved(torch.float32).policy == "constant"
+    assert MethodSpec().resolved(None, fixed_length=True).policy == "constant"
+    eagle = MethodSpec.of("eagle")
+    assert eagle.resolved(torch.float32).policy == "tree-goodput"
+    assert eagle.resolved(torch.bfloat16).option("eagle_lookup") == EAGLE_BF16_LOOKUP
+    assert eagle.resolved(torch.bfloat16, batch=4).option("eagle_lookup") is None
+    named = MethodSpec.of("eagle", "constant")
+    assert named.resolved(torch.bfloat16) is named
+
+
+def test_every_entry_declares_typed_options():
+    assert set(DRAFTERS) == {"model", "ngram", "dvi", "eagle", "none"}
+    assert set(POLICIES) == {
+        "constant", "heuristic", "svip", "ltd", "tree-goodput", "sv", "goodput",
+    }  # fmt: skip
+    for entry in (*DRAFTERS.values(), *POLICIES.values()):
+        for option in entry.options:
+            assert option.kind in (int, float, bool, str), (entry.name, option.name)
