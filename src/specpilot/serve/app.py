@@ -39,6 +39,7 @@ from specpilot.serve.protocol import (
     SamplingFields,
     error_body,
 )
+from specpilot.serve.spec_stats import SpecStats
 from specpilot.serve.text import TextStream
 from specpilot.serve.worker import EngineWorker, QueueFull, Worker
 
@@ -75,7 +76,7 @@ def create_app(
     defaults = defaults or GenerationConfig()
     worker = backend if isinstance(backend, Worker) else EngineWorker(backend)
     worker.max_queue = max_queue
-    metrics = Metrics(lambda: worker.running, lambda: worker.waiting)
+    metrics = Metrics(lambda: worker.running, lambda: worker.waiting, model_name)
     tokenizer = worker.tokenizer
 
     @asynccontextmanager
@@ -272,17 +273,12 @@ def _model_card(name: str) -> dict:
 def _usage(prompt_tokens: int, request: Request) -> dict:
     """OpenAI's usage plus the request's speculation statistics."""
     result = request.result
-    stats = result.stats
     completion = len(result.token_ids)
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion,
         "total_tokens": prompt_tokens + completion,
-        "verify_steps": stats.steps,
-        "drafted_tokens": stats.drafted,
-        "accepted_tokens": stats.accepted,
-        "acceptance_rate": stats.acceptance_rate,
-        "mean_accepted_tokens": stats.mean_accepted_tokens,
+        "speculative_decoding": SpecStats.of(result.stats).usage(),
     }
 
 
