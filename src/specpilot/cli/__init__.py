@@ -22,6 +22,8 @@ COMMANDS = (
     "bench_serve",
     "train_dvi",
     "train_eagle",
+    "export_head",
+    "import_head",
     "train_ltd",
     "train_ppow",
     "plot_dvi",
