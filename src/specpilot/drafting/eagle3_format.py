@@ -93,6 +93,9 @@ def to_eagle3(head: EagleHead, target_config: dict, dtype: torch.dtype) -> tuple
             "tokenizer_fingerprint": s.tokenizer_fingerprint,
         },
     }
+    rope = target_config.get("rope_parameters") or {}
+    if "rope_theta" not in config and "rope_theta" in rope:  # engines on transformers 4 read it
+        config["rope_theta"] = rope["rope_theta"]
     q, kv = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
     width = s.intermediate_size
     weights = {
