@@ -17,6 +17,7 @@ import time
 import httpx
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from serve_fixtures import (
     BAD_INPUT,
     ServerThread,
@@ -30,6 +31,7 @@ from serve_fixtures import (
 from specpilot.cli import main
 from specpilot.config import GenerationConfig, SamplingConfig
 from specpilot.serve import create_app
+from specpilot.serve.spec_stats import SpecStats
 
 MODEL = "tiny"
 SLOTS = 64
@@ -72,20 +74,49 @@ def wait_idle(server, timeout: float = 10.0) -> dict:
         time.sleep(0.02)
 
 
+def spec_counters(url: str) -> dict[str, float]:
+    """The server's vLLM spec-decode counters (the per-position one as NAME/POSITION)."""
+    counters = {}
+    for family in text_string_to_metric_families(httpx.get(url + "/metrics").text):
+        for sample in family.samples:
+            if sample.name.startswith("vllm:spec_decode") and sample.name.endswith("_total"):
+                assert sample.labels["model_name"] == MODEL and sample.labels["engine"] == "0"
+                name = sample.name.removesuffix("_total")
+                position = sample.labels.get("position")
+                counters[name if position is None else f"{name}/{position}"] = sample.value
+    return counters
+
+
 def test_chat_and_completions_streamed_and_not(server, client, solo):
     prompt = PROMPTS[3]
     expected = solo.generate(messages(prompt), GenerationConfig(MAX_NEW))
+    before = spec_counters(server.url)
     chat = client.chat.completions.create(model=MODEL, messages=messages(prompt), temperature=0)
     assert chat.choices[0].message.content == expected.text
     assert chat.choices[0].finish_reason == {"eos": "stop"}.get(expected.finish_reason, "length")
     usage = chat.usage
+    after = spec_counters(server.url)
+    counted = {
+        name: n - before.get(name, 0) for name, n in after.items() if n > before.get(name, 0)
+    }
     assert usage.completion_tokens == len(expected.token_ids)
     assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
-    assert usage.model_extra["verify_steps"] == expected.stats.steps
-    assert usage.model_extra["accepted_tokens"] == expected.stats.accepted
-    assert usage.model_extra["mean_accepted_tokens"] == pytest.approx(
-        expected.stats.mean_accepted_tokens
-    )
+    spec = usage.model_extra["speculative_decoding"]
+    assert spec == SpecStats.of(expected.stats).usage()
+    assert spec["verify_steps"] == expected.stats.steps
+    assert spec["num_accepted_draft_tokens"] == expected.stats.accepted
+    assert spec["mean_accepted_tokens"] == pytest.approx(expected.stats.mean_accepted_tokens)
+    assert spec["num_accepted_draft_tokens"] > 0  # the counters below count something
+    expected_counts = {
+        "vllm:spec_decode_num_drafts": spec["num_spec_steps"],
+        "vllm:spec_decode_num_draft_tokens": spec["num_draft_tokens"],
+        "vllm:spec_decode_num_accepted_tokens": spec["num_accepted_draft_tokens"],
+        **{
+            f"vllm:spec_decode_num_accepted_tokens_per_pos/{i}": n
+            for i, n in enumerate(spec["accepted_per_position"])
+        },
+    }
+    assert counted == {name: n for name, n in expected_counts.items() if n}
     chunks = list(
         client.chat.completions.create(
             model=MODEL,
@@ -99,6 +130,7 @@ def test_chat_and_completions_streamed_and_not(server, client, solo):
     assert text == expected.text
     assert chunks[0].choices[0].delta.role == "assistant"
     assert chunks[-1].usage.completion_tokens == len(expected.token_ids)
+    assert chunks[-1].usage.model_extra["speculative_decoding"] == spec
 
     raw = solo.tokenizer(prompt)["input_ids"]
     expected = solo.generate(raw, GenerationConfig(MAX_NEW))
@@ -161,7 +193,8 @@ def test_64_concurrent_greedy_requests_equal_solo_runs(server, solo):
     assert wait_idle(server)["running"] == 0
     metrics = httpx.get(server.url + "/metrics").text
     assert "specpilot:time_to_first_token_seconds_count" in metrics
-    assert "specpilot:spec_decode_num_accepted_tokens_total" in metrics
+    assert spec_counters(server.url)["vllm:spec_decode_num_accepted_tokens"] > 0
+    assert "specpilot:spec_decode" not in metrics
 
 
 def test_a_generate_run_gives_the_same_answer(server, client, pair, capsys):

@@ -91,7 +91,8 @@ def test_greedy_answers_equal_the_engines(server, client, solo):
     assert chunks[0].choices[0].delta.role == "assistant"
     usage = chunks[-1].usage
     assert usage.completion_tokens == len(expected.token_ids)
-    assert usage.model_extra["verify_steps"] == usage.model_extra["accepted_tokens"] == 0
+    spec = usage.model_extra["speculative_decoding"]
+    assert spec["verify_steps"] == spec["num_spec_steps"] == spec["num_accepted_draft_tokens"] == 0
     raw = solo.tokenizer(prompt)["input_ids"]
     completion = client.completions.create(model=MODEL, prompt=raw, temperature=0, max_tokens=5)
     assert completion.choices[0].text == solo.generate(raw, GenerationConfig(5)).text

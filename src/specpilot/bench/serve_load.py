@@ -229,10 +229,10 @@ def summarize(concurrency: int, timings: list[Timing], duration_s: float, timed_
     """Throughput, latency percentiles and acceptance of one level."""
     done = [t for t in timings if t.ok]
     tokens = sum(t.tokens for t in done)
-    usage = [t.usage or {} for t in done]
+    usage = [(t.usage or {}).get("speculative_decoding") or {} for t in done]
     steps = sum(u.get("verify_steps", 0) for u in usage)
-    drafted = sum(u.get("drafted_tokens", 0) for u in usage)
-    accepted = sum(u.get("accepted_tokens", 0) for u in usage)
+    drafted = sum(u.get("num_draft_tokens", 0) for u in usage)
+    accepted = sum(u.get("num_accepted_draft_tokens", 0) for u in usage)
     errors = [t.error for t in timings if not t.ok]
     return {
         "concurrency": concurrency,

@@ -23,6 +23,8 @@ COMMANDS = (
     "bench_serve",
     "train_dvi",
     "train_eagle",
+    "export_head",
+    "import_head",
     "train_ltd",
     "train_ppow",
     "plot_dvi",

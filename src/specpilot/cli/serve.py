@@ -3,7 +3,8 @@
 The decoding flags are generate's; --temperature, --top-p, --top-k and --max-new-tokens are the
 defaults for requests that leave those fields out. `--backend hf-generate` serves the same API
 through transformers' own `generate`, one request at a time (with --draft: assisted generation):
-the baseline a user would otherwise script, for `bench-serve` to compare against.
+the baseline a user would otherwise script, for `bench-serve` to compare against. `--api-key`
+(or SPECPILOT_API_KEY; the flag wins) makes every /v1 route require `Authorization: Bearer KEY`.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from specpilot.cli.common import (
 )
 from specpilot.config import require
 from specpilot.methods.defaults import DEFAULT_DRAFT
+from specpilot.serve.auth import API_KEY_ENV, resolve_api_key
 
 MAX_NEW_TOKENS_HELP = "max_tokens of requests that give none (default %(default)s)"
 BACKENDS = ("specpilot", "hf-generate")
@@ -52,6 +54,11 @@ def register(commands) -> None:
         help="requests waiting for a slot before new ones get 503 (default %(default)s)",
     )
     parser.add_argument("--model-name", help="the `model` clients ask for (default: --target)")
+    parser.add_argument(
+        "--api-key",
+        help="require 'Authorization: Bearer API_KEY' on every /v1 route; /health and /metrics "
+        f"stay open (default: ${API_KEY_ENV} if set, else no key)",
+    )
     parser.set_defaults(run=run)
 
 
@@ -80,6 +87,7 @@ def run(args: argparse.Namespace) -> int:
     from specpilot.serve.worker import EngineWorker
 
     defaults = generation_config(args)
+    api_key = resolve_api_key(args.api_key)
     require(args.max_queue >= 0, f"--max-queue must be >= 0, got {args.max_queue}")
     require(0 <= args.port <= 65535, f"--port must be in 0..65535, got {args.port}")
     if args.backend == "hf-generate":
@@ -94,8 +102,9 @@ def run(args: argparse.Namespace) -> int:
         draft, build = engine_builder(args)
         backend = EngineWorker(build(load_from_args(args, draft, size)), args.prefill_chunk)
     name = args.model_name or args.target
-    app = create_app(backend, name, defaults, args.max_queue)
-    print(f"serving {name!r} on http://{args.host}:{args.port}/v1", file=sys.stderr)
+    app = create_app(backend, name, defaults, args.max_queue, api_key=api_key)
+    guarded = " (API key required)" if api_key else ""
+    print(f"serving {name!r} on http://{args.host}:{args.port}/v1{guarded}", file=sys.stderr)
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="info"))
     worker = app.state.worker
 

@@ -10,6 +10,7 @@ into the new --out/data to keep its answers).
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
 
 from specpilot.api import load_models
@@ -81,6 +82,12 @@ def register(commands) -> None:
         "the head committed for the target) instead of starting from the target's top layer; "
         "its draft vocabulary, taps and MLP width are kept",
     )
+    parser.add_argument(
+        "--no-qkv-bias",
+        action="store_true",
+        help="a head without the q/k/v bias a Qwen target has: exported, it runs in vLLM, SGLang "
+        "and llama.cpp (a biased head runs in vLLM only; see `specpilot export-head`)",
+    )
     integers = ("epochs", "batch_tokens", "unroll", "max_seq_tokens", "valid_samples")
     for name in (*integers, "eval_every", "save_every"):
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=defaults[name])
@@ -138,6 +145,8 @@ def run(args: argparse.Namespace) -> int:
             args.head_intermediate,
         )
     )
+    if args.no_qkv_bias:
+        shape = replace(shape, attention_bias=False)
     out = Path(args.out)
     write_run_config(out, {"target": args.target, **vars(args) | {"run": None}})
     samples = collect_samples(
@@ -156,8 +165,9 @@ def _initial_head(args: argparse.Namespace, target) -> EagleHead | None:
     """The head `--init` names, checked against the target; the shape options belong to it."""
     if args.init is None:
         return None
-    chosen = [f"--{name}" for name in ("draft-vocab", "head-intermediate", "feature-layers")
-              if getattr(args, name.replace("-", "_")) is not None]  # fmt: skip
+    options = ("draft-vocab", "head-intermediate", "feature-layers", "no-qkv-bias")
+    chosen = [f"--{name}" for name in options
+              if getattr(args, name.replace("-", "_")) not in (None, False)]  # fmt: skip
     if chosen:
         raise ConfigError(
             f"--init keeps the head's own shape; drop {', '.join(chosen)} (or train a new head "

@@ -44,6 +44,8 @@ COMMITTED_HEADS = Path(__file__).resolve().parent.parent / "heads"
 CONFIG_FILE = "eagle_config.json"
 WEIGHTS_FILE = "model.safetensors"
 FORMAT_VERSION = 1
+OWN_CHOICES = ("draft_vocab_size", "feature_layers", "intermediate_size", "attention_bias")
+"""EagleShape fields a head chooses; every other field must equal its target's."""
 HEADS = ArtefactKind(
     "eagle head", COMMITTED_HEADS, CONFIG_FILE, "head", "eagle_head", "train-eagle"
 )
@@ -67,6 +69,8 @@ class EagleShape:
     """The target's vocabulary (LM-head rows)."""
     rms_norm_eps: float
     attention_bias: bool
+    """A q/k/v bias: the target's kind by default; the head's own choice (a bias-free head runs
+    in more engines, drafting.eagle3_format says which)."""
     feature_layers: tuple[int, ...]
     """Tap indices: k = the input of layer k (the output of the first k layers)."""
     draft_vocab_size: int
@@ -117,11 +121,10 @@ class EagleShape:
         )
 
     def mismatch(self, other: EagleShape) -> str | None:
-        """The first field (other than the head's own choices: draft vocabulary, taps, MLP width)
-        where a head's shape differs from a target's, phrased for an error message; None if the
-        head fits."""
+        """The first field other than the head's own choices (OWN_CHOICES) where a head's shape
+        differs from a target's, phrased for an error message; None if the head fits."""
         for f in fields(self):
-            if f.name in ("draft_vocab_size", "feature_layers", "intermediate_size"):
+            if f.name in OWN_CHOICES:
                 continue
             mine, theirs = getattr(self, f.name), getattr(other, f.name)
             if mine != theirs:

@@ -1,11 +1,12 @@
 """The OpenAI-compatible HTTP API over one backend (FastAPI; streams as server-sent events).
 
 Routes: POST /v1/completions and /v1/chat/completions (streamed or not), GET /v1/models,
-/health and /metrics (Prometheus). Each call becomes one request of the backend's worker
-(serve.worker: the engine's scheduler, or transformers' generate); its tokens come back through
-an asyncio queue. A client that disconnects cancels its request, which frees its cache slot at
-the next step. Errors are OpenAI error objects: 400 for bad input (malformed JSON, wrong types,
-unsupported fields, prompts the context cannot hold), 404 for an unknown model, 503 with
+/health and /metrics (Prometheus); with an API key, every /v1 route requires it (serve.auth).
+Each call becomes one request of the backend's worker (serve.worker: the engine's scheduler, or
+transformers' generate); its tokens come back through an asyncio queue. A client that
+disconnects cancels its request, which frees its cache slot at the next step. Errors are OpenAI
+error objects: 400 for bad input (malformed JSON, wrong types, unsupported fields, prompts the
+context cannot hold), 401 for a missing or wrong API key, 404 for an unknown model, 503 with
 Retry-After when the queue is full.
 """
 
@@ -30,6 +31,7 @@ from specpilot.config import GenerationConfig
 from specpilot.engine import Request, SpeculativeEngine
 from specpilot.errors import PromptError
 from specpilot.models.chat import encode_prompt
+from specpilot.serve.auth import APIKeyAuth, check_api_key
 from specpilot.serve.metrics import Metrics
 from specpilot.serve.protocol import (
     ChatCompletionRequest,
@@ -37,6 +39,7 @@ from specpilot.serve.protocol import (
     SamplingFields,
     error_body,
 )
+from specpilot.serve.spec_stats import SpecStats
 from specpilot.serve.text import TextStream
 from specpilot.serve.worker import EngineWorker, QueueFull, Worker
 
@@ -64,15 +67,16 @@ def create_app(
     defaults: GenerationConfig | None = None,
     max_queue: int = 256,
     retry_after_s: int = 1,
+    api_key: str | None = None,
 ) -> FastAPI:
     """The server for `backend`: an engine (continuous batching; its target's batch_size is
     the most requests decoded at once) or a ready Worker (e.g. serve.hf_worker's baseline).
     `max_queue` more requests may wait for a slot; `defaults` fills omitted sampling fields
-    and max_tokens."""
+    and max_tokens; `api_key`, when given, is required on every /v1 route."""
     defaults = defaults or GenerationConfig()
     worker = backend if isinstance(backend, Worker) else EngineWorker(backend)
     worker.max_queue = max_queue
-    metrics = Metrics(lambda: worker.running, lambda: worker.waiting)
+    metrics = Metrics(lambda: worker.running, lambda: worker.waiting, model_name)
     tokenizer = worker.tokenizer
 
     @asynccontextmanager
@@ -92,6 +96,10 @@ def create_app(
             message = f"the request body must be at most {MAX_BODY_BYTES} bytes"
             return APIError(413, message).response()
         return await call_next(http_request)
+
+    if check_api_key(api_key) is not None:  # added last, so it runs first: before the body
+        reject = metrics.rejected.labels("unauthorized").inc
+        app.add_middleware(APIKeyAuth, api_key=api_key, on_reject=reject)
 
     @app.exception_handler(APIError)
     async def api_error(_request, error: APIError):
@@ -265,17 +273,12 @@ def _model_card(name: str) -> dict:
 def _usage(prompt_tokens: int, request: Request) -> dict:
     """OpenAI's usage plus the request's speculation statistics."""
     result = request.result
-    stats = result.stats
     completion = len(result.token_ids)
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion,
         "total_tokens": prompt_tokens + completion,
-        "verify_steps": stats.steps,
-        "drafted_tokens": stats.drafted,
-        "accepted_tokens": stats.accepted,
-        "acceptance_rate": stats.acceptance_rate,
-        "mean_accepted_tokens": stats.mean_accepted_tokens,
+        "speculative_decoding": SpecStats.of(result.stats).usage(),
     }
 
 

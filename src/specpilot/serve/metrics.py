@@ -1,5 +1,6 @@
-"""Prometheus metrics, named after vLLM's where one exists (`vllm:` → `specpilot:`), so
-dashboards built for vLLM's speculative decoding read these with a renamed prefix.
+"""Prometheus metrics. The spec-decode counters carry vLLM v1's exact names and labels
+(serve.spec_stats), so vLLM's spec-decode dashboards read them unchanged; the request metrics
+are named after vLLM's with the `specpilot:` prefix.
 
 Each app has its own registry (several servers, e.g. in tests, can live in one process)."""
 
@@ -8,6 +9,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from specpilot.engine import GenerationStats
+from specpilot.serve.spec_stats import SpecDecodeCounters, SpecStats
 
 LATENCY_BUCKETS = (
     0.005,
@@ -33,8 +35,9 @@ LATENCY_BUCKETS = (
 
 
 class Metrics:
-    def __init__(self, running, waiting):
-        """`running`, `waiting`: callables giving the batch size and the queue length now."""
+    def __init__(self, running, waiting, model_name: str):
+        """`running`, `waiting`: callables giving the batch size and the queue length now;
+        `model_name`: the spec-decode counters' label."""
         self.registry = CollectorRegistry()
         r = self.registry
         Gauge(
@@ -79,41 +82,11 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
-        self.steps = Counter(
-            "specpilot:spec_decode_num_drafts", "Verify steps (one per row per step)", registry=r
-        )
-        self.draft_tokens = Counter(
-            "specpilot:spec_decode_num_draft_tokens",
-            "Drafted tokens verified (depth)",
-            registry=r,
-        )
-        self.accepted_tokens = Counter(
-            "specpilot:spec_decode_num_accepted_tokens", "Drafted tokens accepted", registry=r
-        )
-        self.acceptance = Gauge(
-            "specpilot:spec_decode_draft_acceptance_rate",
-            "Accepted / verified draft tokens",
-            registry=r,
-        )
-        self.mean_accepted = Gauge(
-            "specpilot:spec_decode_mean_accepted_tokens",
-            "Tokens emitted per verify step (1 + accepted / steps)",
-            registry=r,
-        )
-        self._totals = GenerationStats()
+        self.spec_decode = SpecDecodeCounters(r, model_name)
 
     def finished(self, reason: str, prompt_tokens: int, stats: GenerationStats) -> None:
         """Count a finished request (called on the event loop)."""
         self.requests.labels(reason).inc()
         self.prompt_tokens.inc(prompt_tokens)
         self.generation_tokens.inc(stats.new_tokens)
-        self.steps.inc(stats.steps)
-        self.draft_tokens.inc(stats.verified)
-        self.accepted_tokens.inc(stats.accepted)
-        totals = self._totals
-        totals.steps += stats.steps
-        totals.new_tokens += stats.new_tokens
-        totals.verified += stats.verified
-        totals.accepted += stats.accepted
-        self.acceptance.set(totals.acceptance_rate)
-        self.mean_accepted.set(totals.mean_accepted_tokens)
+        self.spec_decode.observe(SpecStats.of(stats))
