@@ -58,6 +58,10 @@ def test_request_and_response():
     greedy = completion_request([5, 6], 16, SamplingConfig(), 3)
     assert greedy["prompt"] == [5, 6] and greedy["n_predict"] == 16
     assert greedy["temperature"] == 0 and not greedy["cache_prompt"] and "top_k" not in greedy
+    assert (
+        not greedy["ignore_eos"]
+        and completion_request([5], 4, SamplingConfig(), 0, False)["ignore_eos"]
+    )
     sampled = completion_request([5], 4, SamplingConfig(temperature=0.7, top_k=20), 3)
     assert sampled["top_k"] == 20 and sampled["seed"] == 3
     done = parse_completion(

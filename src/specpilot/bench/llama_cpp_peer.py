@@ -128,7 +128,9 @@ class LlamaCppMethod:
         for turn in turns:
             messages.append({"role": "user", "content": turn})
             ids = encode_prompt(self.tokenizer, messages)
-            body = completion_request(ids, config.max_new_tokens, config.sampling, config.seed)
+            body = completion_request(
+                ids, config.max_new_tokens, config.sampling, config.seed, config.stop_on_eos
+            )
             done = self.server.complete(body)
             text = self.tokenizer.decode(done.token_ids, skip_special_tokens=True)
             messages.append({"role": "assistant", "content": text})

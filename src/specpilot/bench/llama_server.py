@@ -39,10 +39,14 @@ def find_binary(name: str = "llama-server") -> Path | None:
 
 
 def completion_request(
-    prompt_ids: list[int], max_new_tokens: int, sampling: SamplingConfig, seed: int
+    prompt_ids: list[int],
+    max_new_tokens: int,
+    sampling: SamplingConfig,
+    seed: int,
+    stop_on_eos: bool = True,
 ) -> dict:
     """The /completion body: these ids, no prompt cache (each run starts cold, like ours), the
-    token ids back; temperature 0 is llama.cpp's greedy."""
+    token ids back (an end-of-generation token included, as ours); temperature 0 is greedy."""
     body = {
         "prompt": list(prompt_ids),
         "n_predict": max_new_tokens,
@@ -51,6 +55,7 @@ def completion_request(
         "stream": False,
         "seed": seed,
         "temperature": sampling.temperature,
+        "ignore_eos": not stop_on_eos,
     }
     if not sampling.greedy:
         body.update(top_k=sampling.top_k, top_p=sampling.top_p, min_p=0.0)
