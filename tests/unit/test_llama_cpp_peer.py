@@ -65,9 +65,9 @@ def test_request_and_response():
     sampled = completion_request([5], 4, SamplingConfig(temperature=0.7, top_k=20), 3)
     assert sampled["top_k"] == 20 and sampled["seed"] == 3
     done = parse_completion(
-        {"tokens": [1, 2], "timings": {"prompt_ms": 10.0, "predicted_ms": 30.0, "draft_n": 4}}
+        {"tokens": [1, 2], "timings": {"prompt_ms": 10.0, "predicted_ms": 30.0}}
     )
-    assert done.token_ids == [1, 2] and done.seconds == pytest.approx(0.04) and done.draft_n == 4
+    assert done.token_ids == [1, 2] and done.seconds == pytest.approx(0.04)
     with pytest.raises(ConfigError):
         parse_completion({"content": "x"})
 

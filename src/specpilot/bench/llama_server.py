@@ -67,8 +67,6 @@ class Completion:
     token_ids: list[int]
     seconds: float
     """The server's prompt + generation time."""
-    draft_n: int = 0
-    draft_accepted: int = 0
 
 
 def parse_completion(body: dict) -> Completion:
@@ -78,8 +76,6 @@ def parse_completion(body: dict) -> Completion:
     return Completion(
         [int(t) for t in tokens],
         (float(timings["prompt_ms"]) + float(timings["predicted_ms"])) / 1000,
-        int(timings.get("draft_n", 0)),
-        int(timings.get("draft_n_accepted", 0)),
     )
 
 
