@@ -25,7 +25,6 @@ from specpilot.models.decoder import DecoderRunner
 from specpilot.policies import ConstantPolicy
 from specpilot.policies.controller import GoodputController
 from specpilot.policies.verify_all import VerifyAll
-from specpilot.training.dvi import DviTrainConfig
 from specpilot.training.dvi.trainer import TrainDviOptions
 
 

@@ -8,12 +8,12 @@ import pytest
 from tiny import save_tiny
 
 from specpilot.api import build_engine, load_models
-from specpilot.drafting import NgramDrafter
-from specpilot.methods import make_policy
-from specpilot.methods.goodput import make_goodput, profile_cache_path
 from specpilot.cli import main
 from specpilot.config import GenerationConfig
+from specpilot.drafting import NgramDrafter
 from specpilot.errors import ConfigError
+from specpilot.methods import make_policy
+from specpilot.methods.goodput import make_goodput, profile_cache_path
 
 
 @pytest.fixture(scope="module")

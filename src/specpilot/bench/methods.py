@@ -8,7 +8,8 @@
 - `hf`: transformers' own `generate` (plain greedy/sampling), the reference AR implementation;
 - `hf-assisted:schedule=constant|heuristic|dynamic,k=N`: transformers assisted generation with the
   same draft weights (`dynamic` is transformers' default confidence-threshold schedule);
-- `hf-pld:k=N`: transformers prompt lookup decoding.
+- `hf-pld:k=N`: transformers prompt lookup decoding;
+- `llama-cpp[:spec=KIND,...]`: llama.cpp's native binary on the same GGUF (bench.llama_cpp_peer).
 
 Every method answers a batch of conversations turn by turn and returns, per conversation and
 turn, the new token ids, the wall time and (for specpilot methods) the engine's statistics. With
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specpilot.api import ModelPair, build_engine
+from specpilot.bench import llama_cpp_peer
 from specpilot.config import GenerationConfig
 from specpilot.engine import GenerationStats
 from specpilot.errors import ConfigError
@@ -34,7 +36,7 @@ from specpilot.models.chat import encode_prompt, eos_token_ids
 from specpilot.models.hf_adapter import generate_options
 from specpilot.prompts import answer_conversations
 
-METHOD_KINDS = (*ENGINE_METHODS, "hf", "hf-assisted", "hf-pld")
+METHOD_KINDS = (*ENGINE_METHODS, "hf", "hf-assisted", "hf-pld", "llama-cpp")
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,8 @@ class BenchMethod:
 
     @property
     def needs_draft(self) -> bool:
+        if self.kind == "llama-cpp":
+            return llama_cpp_peer.needs_draft(self.options)
         return self.kind == "hf-assisted" or (self.spec is not None and self.spec.needs_draft)
 
 
@@ -188,4 +192,6 @@ def load_hf_models(models: ModelPair, specs: list[BenchMethod]) -> dict:
 def make_method(spec: BenchMethod, models: ModelPair, hf_models: dict):
     if spec.spec is not None:
         return EngineMethod(spec, models)
+    if spec.kind == llama_cpp_peer.KIND:
+        return llama_cpp_peer.LlamaCppMethod(spec, models)
     return HFMethod(spec, models, hf_models)

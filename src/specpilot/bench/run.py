@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +26,7 @@ def bench_methods(texts: list[str], batch_size: int = 1) -> list[BenchMethod]:
     decoding one prompt at a time, the only way it runs)."""
     texts = texts or (["sd", "hf-assisted"] if batch_size == 1 else ["sd"])
     specs = [parse_method(BASELINE)] + [parse_method(t) for t in texts if t != BASELINE]
+    specs = [s for s in specs if s.kind != "llama-cpp" or not _skipped(s.text)]
     hf_specs = [s.text for s in specs if s.kind.startswith("hf")]
     if batch_size > 1 and hf_specs:
         raise ConfigError(
@@ -33,6 +35,16 @@ def bench_methods(texts: list[str], batch_size: int = 1) -> list[BenchMethod]:
             ("batch_size",),
         )
     return specs
+
+
+def _skipped(text: str) -> bool:
+    """A llama-cpp peer whose binary is not built: one line on stderr, and the bench goes on."""
+    from specpilot.bench.llama_cpp_peer import skip_line
+
+    line = skip_line(text)
+    if line:
+        print(line, file=sys.stderr)
+    return line is not None
 
 
 def select_prompts(

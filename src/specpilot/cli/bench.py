@@ -34,7 +34,8 @@ def register(commands) -> None:
         "--method",
         action="append",
         default=[],
-        help="NAME[:key=value,...]: ar, default, sd, hf, hf-assisted, hf-pld (repeatable)",
+        help="NAME[:key=value,...]: ar, default, sd, hf, hf-assisted, hf-pld, llama-cpp "
+        "(repeatable)",
     )
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--batch-size", type=int, default=1, help=BATCH_HELP)

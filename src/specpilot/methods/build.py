@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from specpilot.drafting.base import SharedTargetDrafter
 from specpilot.engine import SpeculativeEngine
 from specpilot.errors import ConfigError
 from specpilot.methods.drafters import make_drafter
@@ -9,7 +10,6 @@ from specpilot.methods.policies import make_policy, policy_entry
 from specpilot.methods.spec import MethodSpec
 from specpilot.models.chat import eos_token_ids
 from specpilot.models.pair import ModelPair
-from specpilot.drafting.base import SharedTargetDrafter
 from specpilot.policies import VerifyPolicy
 
 

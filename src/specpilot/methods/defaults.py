@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import torch
 
+from specpilot.policies import ConstantPolicy
+
 # The trees' levels, frontier width and verified tokens are defined with the tree.
 from specpilot.tree import DEFAULT_DEPTH, DEFAULT_NODES, DEFAULT_TOPK  # noqa: F401
-from specpilot.policies import ConstantPolicy
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
