@@ -3,7 +3,11 @@ weights in float32, so the ggml backend can be compared with the torch runner ex
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
+
+from specpilot.models.ggml.config import GgmlConfig
 
 
 def write_tiny_qwen2_gguf(path, model) -> list[str]:
@@ -15,8 +19,9 @@ def write_tiny_qwen2_gguf(path, model) -> list[str]:
     import gguf
 
     config = model.config
-    tokens = ["<pad>", "<s>", "</s>", "ab"] + [chr(c) for c in range(33, 33 + 92)]
-    assert len(tokens) == config.vocab_size
+    printable = [chr(c) for c in range(33, 127) if chr(c) not in "ab"]
+    tokens = (["<pad>", "<s>", "</s>", "ab", "a", "b"] + printable)[: config.vocab_size]
+    assert len(tokens) == config.vocab_size >= 6
     writer = gguf.GGUFWriter(str(path), "qwen2")
     writer.add_block_count(config.num_hidden_layers)
     writer.add_context_length(config.max_position_embeddings)
@@ -61,3 +66,17 @@ def write_tiny_qwen2_gguf(path, model) -> list[str]:
     writer.write_tensors_to_file()
     writer.close()
     return tokens
+
+
+EXACT = GgmlConfig(n_threads=1, flash_attn=False, kv_type="f32")
+"""float32 attention and KV cache: the ggml runner's logits then equal the torch runner's."""
+
+
+def ggml_runner(model, path, max_length: int = 256, batch_size: int = 1):
+    """A GgmlRunner over `model`, written as a float32 GGUF at `path` unless already there."""
+    from specpilot.models.ggml import GgmlRunner
+
+    path = Path(path)
+    if not path.is_file():
+        write_tiny_qwen2_gguf(path, model)
+    return GgmlRunner(path, max_length, batch_size, EXACT)
