@@ -247,7 +247,9 @@ def _verify_prior(models: ModelPair, path: str | None) -> tuple[tuple[float, flo
     from specpilot.bench.profile import profile_cache_path
 
     runner = models.target.runner
-    cached = profile_cache_path(models.target.name, runner.dtype)
+    cached = profile_cache_path(
+        models.target.name, runner.dtype, getattr(runner, "backend", "torch")
+    )
     if path is None and not cached.is_file():
         return ()
     return VerifyLatency.from_profile(path or cached).points

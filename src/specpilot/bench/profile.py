@@ -30,11 +30,13 @@ PROFILE_PROMPTS = (
 )
 
 
-def profile_cache_path(target: str, dtype) -> Path:
-    """Where `specpilot profile` keeps a copy of its last profile of this target and dtype: the
-    goodput controller starts from its latency curve (api.make_goodput)."""
+def profile_cache_path(target: str, dtype, backend: str = "torch") -> Path:
+    """Where `specpilot profile` keeps a copy of its last profile of this target, dtype and
+    backend: the goodput controller starts from its latency curve (api.make_goodput). The ggml
+    backend's file is its own: its curve is another (steep where bf16 torch's is flat)."""
     name = "".join(c if c.isalnum() or c in "-_." else "_" for c in target.strip("/"))
-    return cache_root() / "profiles" / f"{name}-{str(dtype).removeprefix('torch.')}.json"
+    kind = "ggml" if backend == "ggml" else str(dtype).removeprefix("torch.")
+    return cache_root() / "profiles" / f"{name}-{kind}.json"
 
 
 def speedup_bound(alpha: float, gamma: int, cost_ratio: float) -> float:

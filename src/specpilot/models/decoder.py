@@ -78,6 +78,7 @@ def supports(config) -> bool:
 class DecoderRunner:
     """Static-KV-cache decoder built from a loaded transformers Llama/Qwen2 model's weights."""
 
+    backend = "torch"
     supports_trees = True
     """forward_batch takes draft trees, and keep_path compacts the cache after one."""
 
