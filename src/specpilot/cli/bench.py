@@ -8,6 +8,7 @@ import sys
 
 from specpilot.cli.common import (
     BATCH_HELP,
+    add_backend_argument,
     add_model_arguments,
     generation_config,
     load_from_args,
@@ -20,6 +21,7 @@ def register(commands) -> None:
         "bench", help="compare methods against plain decoding on prompt files"
     )
     add_model_arguments(parser, 128)
+    add_backend_argument(parser)
     parser.add_argument(
         "--prompts", action="append", default=[], help="JSONL prompt file (repeatable)"
     )

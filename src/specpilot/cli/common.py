@@ -23,7 +23,8 @@ from specpilot.methods.defaults import (
     DVI_SPLIT,
     EAGLE_BF16_LOOKUP,
 )
-from specpilot.models.loading import resolve_dtype
+from specpilot.models.backends import choose_backend, runs_on_ggml
+from specpilot.models.loading import BACKENDS, resolve_dtype
 
 BATCH_HELP = "prompts decoded together (each row accepts its own number of tokens per step)"
 VOCAB_CORPUS_HELP = (
@@ -60,6 +61,28 @@ def add_model_arguments(
     parser.add_argument(
         "--seed", type=int, default=0, help="sampling seed (bench: also draws the --limit sample)"
     )
+
+
+def add_backend_argument(parser: argparse.ArgumentParser) -> None:
+    """--backend: where the models run (models.loading.BACKENDS, models.backends)."""
+    parser.add_argument(
+        "--backend",
+        dest="model_backend",
+        choices=BACKENDS,
+        default="auto",
+        help="ggml: llama.cpp over the GGUF as stored; torch: the lean decoder; hf: transformers; "
+        "auto (default): ggml for a GGUF target on the CPU when the method runs there, else torch",
+    )
+
+
+def _method_on_ggml(args: argparse.Namespace) -> bool:
+    """Whether the command's method runs on the ggml backend (models.backends.runs_on_ggml).
+    bench names its methods in --method strings and loads one pair for all: its auto stays on
+    torch (--backend ggml runs them there)."""
+    if hasattr(args, "method") or not hasattr(args, "drafter"):
+        return False
+    spec = method_spec(args)
+    return runs_on_ggml(spec.drafter, spec.policy, dict(spec.options))
 
 
 def add_method_arguments(parser: argparse.ArgumentParser) -> None:
@@ -206,9 +229,13 @@ def load_from_args(
     args: argparse.Namespace, draft: str | None, batch: int = 1, backend: str = "auto"
 ) -> ModelPair:
     """Load the target (and draft) named on the command line, with cache room for `batch`
-    prompts (`backend`: see models.loading.load_model); the dtype is checked first, so a bad
-    value fails before any download or conversion."""
+    prompts (`backend`: see models.loading.load_model; auto: --backend, then
+    models.backends.choose_backend); the dtype is checked first, so a bad value fails before any
+    download or conversion."""
     resolve_dtype(args.dtype, args.device)
+    if backend == "auto":
+        requested = getattr(args, "model_backend", "auto")
+        backend = choose_backend(requested, args.target, args.device, _method_on_ggml(args))
     print(f"loading {args.target}" + (f" + {draft}" if draft else "") + " ...", file=sys.stderr)
     return load_models(args.target, draft, args.dtype, args.device, args.max_length, batch, backend)
 

@@ -8,6 +8,7 @@ import sys
 
 from specpilot.cli.common import (
     BATCH_HELP,
+    add_backend_argument,
     add_method_arguments,
     add_model_arguments,
     batch_size,
@@ -29,6 +30,7 @@ MAX_NEW_TOKENS_HELP = (
 def register(commands) -> None:
     parser = commands.add_parser("generate", help="generate text with speculative decoding")
     add_model_arguments(parser, GenerationConfig().max_new_tokens, MAX_NEW_TOKENS_HELP)
+    add_backend_argument(parser)
     add_method_arguments(parser)
     parser.add_argument("--batch-size", type=int, default=1, help=BATCH_HELP)
     parser.add_argument("--prompt", help="one user message")

@@ -5,13 +5,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from specpilot.cli.common import add_model_arguments, int_list, load_from_args
+from specpilot.cli.common import add_backend_argument, add_model_arguments, int_list, load_from_args
 from specpilot.config import GenerationConfig
 
 
 def register(commands) -> None:
     parser = commands.add_parser("profile", help="measure verify latency, draft cost, acceptance")
     add_model_arguments(parser, 48, "new tokens per speculative run (default %(default)s)")
+    add_backend_argument(parser)
     parser.add_argument("--out", required=True, help="JSON file to write")
     parser.add_argument("--contexts", default="128,512,1024", help="context lengths for T(n)")
     parser.add_argument("--max-verify", type=int, default=64, help="largest n in T_target(n)")
@@ -46,7 +47,8 @@ def run(args: argparse.Namespace) -> int:
         eagle_head=args.eagle_head,
     )
     write_json(args.out, profile)
-    cached = profile_cache_path(models.target.name, models.target.runner.dtype)
+    runner = models.target.runner
+    cached = profile_cache_path(models.target.name, runner.dtype, runner.backend)
     cached.parent.mkdir(parents=True, exist_ok=True)
     write_json(cached, profile)  # the goodput controller's prior for this target and dtype
     print(profile_table(profile))

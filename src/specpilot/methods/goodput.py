@@ -47,16 +47,19 @@ def make_goodput(
     return row, controller, verify_policy
 
 
-def profile_cache_path(target: str, dtype) -> Path:
-    """Where `specpilot profile` keeps a copy of its last profile of this target and dtype: the
-    goodput controller starts from its latency curve."""
+def profile_cache_path(target: str, dtype, backend: str = "torch") -> Path:
+    """Where `specpilot profile` keeps a copy of its last profile of this target, dtype and
+    backend: the goodput controller starts from its latency curve. The ggml backend's file is its
+    own: its curve is another (steep where bf16 torch's is flat)."""
     name = "".join(c if c.isalnum() or c in "-_." else "_" for c in target.strip("/"))
-    return cache_root() / "profiles" / f"{name}-{str(dtype).removeprefix('torch.')}.json"
+    kind = "ggml" if backend == "ggml" else str(dtype).removeprefix("torch.")
+    return cache_root() / "profiles" / f"{name}-{kind}.json"
 
 
 def _verify_prior(models: ModelPair, path: str | None) -> tuple[tuple[float, float], ...]:
     """T_verify points of a profile JSON, or of this target's cached profile (none: ())."""
-    cached = profile_cache_path(models.target.name, models.target.runner.dtype)
+    runner = models.target.runner
+    cached = profile_cache_path(models.target.name, runner.dtype, runner.backend)
     if path is None and not cached.is_file():
         return ()
     return VerifyLatency.from_profile(path or cached).points

@@ -46,6 +46,7 @@ chain or tree of ≤ 16), and timing the largest weight for 48 row counts took 7
 class DecoderRunner(DecoderCache):
     """Static-KV-cache decoder built from a loaded transformers Llama/Qwen2 model's weights."""
 
+    backend = "torch"
     supports_trees = True
     """forward_batch takes draft trees, and keep_path compacts the cache after one."""
 

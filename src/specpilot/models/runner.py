@@ -34,6 +34,9 @@ class RunnerOutput:
 class CausalRunner(Protocol):
     """What every model backend offers the engine."""
 
+    backend: str
+    """Which backend computes (models.loading.BACKENDS: "ggml", "torch", "hf"): policies keep
+    what they measure of a runner's speed per backend."""
     vocab_size: int
     max_length: int
     batch_size: int

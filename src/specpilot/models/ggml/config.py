@@ -1,0 +1,30 @@
+"""How a ggml runner sets up its llama.cpp context."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from specpilot.config import require
+
+KV_TYPES = {"f16": 1, "f32": 0}
+"""ggml type ids of the KV cache's element types."""
+
+
+@dataclass(frozen=True)
+class GgmlConfig:
+    """`n_threads`: None uses every CPU this process may run on. `flash_attn`: None lets
+    llama.cpp decide (on for the CPU), which computes attention through f16: logits then differ
+    from float32 attention by ~1e-4, so exactness tests turn it off. `kv_type`: the KV cache's
+    element type (llama.cpp's default f16; f32 for exactness tests against float32 torch).
+    `n_ubatch`: the most tokens llama.cpp computes in one graph (longer prefills are split)."""
+
+    n_threads: int | None = None
+    flash_attn: bool | None = None
+    kv_type: Literal["f16", "f32"] = "f16"
+    n_ubatch: int = 512
+
+    def __post_init__(self):
+        require(self.n_threads is None or self.n_threads >= 1, "n_threads must be >= 1")
+        require(self.kv_type in KV_TYPES, f"kv_type must be one of {', '.join(KV_TYPES)}")
+        require(self.n_ubatch >= 1, "n_ubatch must be >= 1")

@@ -1,0 +1,66 @@
+"""The llama.cpp library, bound once through llama-cpp-python's low-level ctypes module.
+
+Why the low-level API and not the `Llama` class: the class keeps one sequence, copies every
+logit row of every token and hides the KV cache's sequence ids, which batches, rollback and
+tree verification need. `llama_cpp.llama_cpp` exposes libllama's C functions one to one.
+
+llama.cpp logs through a callback; by default it writes every model-loading line to stderr.
+Here only errors are kept, in a short buffer that exceptions quote (`recent_errors`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import os
+from collections import deque
+from functools import cache
+
+from specpilot.errors import ConfigError
+
+PINNED_VERSION = "0.3.36"
+"""The llama-cpp-python release install.sh builds; its binding's struct layouts are what this
+package writes into."""
+_LOG_ERROR = 4  # ggml_log_level: 1 debug, 2 info, 3 warn, 4 error, 5 continuation
+_errors: deque[str] = deque(maxlen=8)
+_callback = None  # ctypes frees a callback nobody references; the library keeps calling it
+
+
+def available() -> bool:
+    """True when llama-cpp-python is importable (the ggml backend can run)."""
+    return importlib.util.find_spec("llama_cpp") is not None
+
+
+def default_threads() -> int:
+    """The CPUs this process may run on (what llama.cpp's own tools default to, less hyper-
+    threads it cannot see through an affinity mask)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+
+
+def _keep_errors(level: int, text: bytes, _user) -> None:
+    if level == _LOG_ERROR and text:
+        _errors.append(text.decode(errors="replace").strip())
+
+
+@cache
+def lib():
+    """The `llama_cpp.llama_cpp` module, its backend initialised and its log routed (once)."""
+    if not available():
+        raise ConfigError(
+            "the ggml backend needs llama-cpp-python: run `bash install.sh` (it builds "
+            f"llama-cpp-python {PINNED_VERSION} for this CPU), or choose --backend torch"
+        )
+    import llama_cpp.llama_cpp as llama
+
+    global _callback
+    _callback = llama.llama_log_callback(_keep_errors)
+    llama.llama_log_set(_callback, ctypes.c_void_p())
+    llama.llama_backend_init()
+    return llama
+
+
+def recent_errors() -> str:
+    """The last error lines llama.cpp logged (empty when none), and forget them."""
+    text = " | ".join(_errors)
+    _errors.clear()
+    return text

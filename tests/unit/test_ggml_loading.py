@@ -1,0 +1,72 @@
+"""Loading on the ggml backend: a .gguf read as stored with the tokenizer of its metadata, the
+`auto` choice by method, and `generate --backend ggml` giving plain ggml decoding's text."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("llama_cpp")
+
+import torch  # noqa: E402
+from gguf_fixtures import EXACT, write_tiny_qwen2_gguf  # noqa: E402
+from tiny import tiny_model  # noqa: E402
+
+from specpilot.cli import main  # noqa: E402
+from specpilot.models import load_model  # noqa: E402
+from specpilot.models.backends import choose_backend, runs_on_ggml  # noqa: E402
+from specpilot.models.decoder import DecoderRunner  # noqa: E402
+from specpilot.models.ggml import GgmlRunner  # noqa: E402
+
+
+@pytest.fixture
+def gguf(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECPILOT_CACHE", str(tmp_path / "cache"))
+    model = tiny_model("qwen2", vocab_size=96)
+    write_tiny_qwen2_gguf(tmp_path / "tiny.gguf", model)
+    return model, tmp_path / "tiny.gguf"
+
+
+def test_gguf_loads_as_stored(gguf):
+    model, path = gguf
+    loaded = load_model(str(path), backend="ggml", ggml=EXACT, max_length=128)
+    assert isinstance(loaded.runner, GgmlRunner) and loaded.runner.backend == "ggml"
+    assert loaded.tokenizer.eos_token_id == 2 and loaded.tokenizer.convert_ids_to_tokens(3) == "ab"
+    assert loaded.config.num_hidden_layers == 4
+    ids = [1, 3, 10, 50]
+    expected = DecoderRunner(model).forward(ids)
+    torch.testing.assert_close(loaded.runner.forward(ids), expected, rtol=1e-5, atol=2e-5)
+
+
+def test_auto_picks_ggml_where_the_method_runs_there(gguf):
+    _, path = gguf
+    assert runs_on_ggml("model", "goodput") and runs_on_ggml("ngram", "constant")
+    assert runs_on_ggml("model", None, {"branches": 3})
+    for drafter, policy, options in [
+        ("eagle", None, {}),
+        ("dvi", "constant", {}),
+        ("model", "ltd", {}),
+        ("model", "tree-goodput", {}),
+        ("model", "sv", {}),
+        ("model", "goodput", {"companion": "early-exit:target:2"}),
+        ("model", None, {"tree_topk": 4}),
+        ("model", None, {"draft_vocab": 48}),
+    ]:
+        assert not runs_on_ggml(drafter, policy, options), (drafter, policy, options)
+    assert choose_backend("auto", str(path), "cpu", True) == "ggml"
+    assert choose_backend("auto", str(path), "cpu", False) == "auto"
+    assert choose_backend("auto", str(path.parent), "cpu", True) == "auto"  # not a GGUF
+    assert choose_backend("auto", str(path), "cuda", True) == "auto"
+    assert choose_backend("torch", str(path), "cpu", True) == "torch"
+
+
+def test_generate_on_ggml_gives_plain_decodings_text(gguf, capsys):
+    _, path = gguf
+    common = ["generate", "--target", str(path), "--prompt", "ab!", "--max-new-tokens", "12"]
+    outputs = []
+    for extra in (
+        ["--drafter", "none"],
+        ["--drafter", "ngram", "--k", "3", "--policy", "constant"],
+    ):
+        assert main([*common, "--backend", "ggml", *extra]) == 0
+        outputs.append(capsys.readouterr().out)
+    assert outputs[0] == outputs[1] and outputs[0].strip()
