@@ -29,6 +29,6 @@ for T in ${TEMPS:-0 1}; do
     --prompts docs/eagle/heldout_24.jsonl --max-turns 1 --max-new-tokens 128 \
     --repeats "${REPEATS:-3}" ${LIMIT:+--limit "$LIMIT"} --draft none --quiet \
     --temperature "$T" \
-    --method "sd:drafter=eagle${INIT:+,head=$INIT}" "${HEADS[@]}" \
+    --method "sd:drafter=eagle,policy=constant${INIT:+,eagle_head=$INIT}" "${HEADS[@]}" \
     --json-out "$OUT/heldout_t$T.json"
 done

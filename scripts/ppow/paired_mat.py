@@ -56,7 +56,8 @@ def require_single(entry: dict) -> None:
 def short(method: str) -> str:
     if "head=" in method:
         return Path(method.split("head=")[1].split(",")[0]).parent.name
-    return "initial" if method == "sd:drafter=eagle" else method
+    initial = ("sd:drafter=eagle", "sd:drafter=eagle,policy=constant")
+    return "initial" if method in initial else method
 
 
 def main(path: str) -> None:

@@ -1,4 +1,4 @@
-"""The ggml runner against the torch runner on the same float32 weights (tests/gguf_fixtures):
+"""The ggml runner against the torch runner on the same float32 weights (fixtures/gguf_fixtures):
 logits, multi-token against one-token forwards, rollback and prefix reuse, independent slots,
 draft-tree nodes against their branch fed as a chain, and refused forwards leaving the cache."""
 

@@ -7,6 +7,7 @@ import sys
 
 from specpilot.cli.common import add_backend_argument, add_model_arguments, int_list, load_from_args
 from specpilot.config import GenerationConfig
+from specpilot.models.backends import choose_backend
 
 
 def register(commands) -> None:
@@ -35,7 +36,10 @@ def run(args: argparse.Namespace) -> int:
 
     contexts, gammas = int_list(args.contexts), int_list(args.gammas)
     GenerationConfig(args.max_new_tokens)  # validate before loading
-    models = load_from_args(args, None if args.no_draft else args.draft)
+    # auto: the backend generate would run on (ggml for a GGUF target), whose curve the goodput
+    # controller reads; the eagle drafter's timing needs the torch target.
+    backend = choose_backend(args.model_backend, args.target, args.device, not args.eagle_head)
+    models = load_from_args(args, None if args.no_draft else args.draft, backend=backend)
     profile = profile_pair(
         models,
         contexts,
@@ -50,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     runner = models.target.runner
     cached = profile_cache_path(models.target.name, runner.dtype, runner.backend)
     cached.parent.mkdir(parents=True, exist_ok=True)
-    write_json(cached, profile)  # the goodput controller's prior for this target and dtype
+    write_json(cached, profile)  # the goodput controller's prior for this target and backend
     print(profile_table(profile))
     print(f"profile: {args.out}", file=sys.stderr)
     return 0

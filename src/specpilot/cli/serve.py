@@ -1,9 +1,10 @@
 """`specpilot serve`: an OpenAI-compatible HTTP server with continuous batching (specpilot.serve).
 
 The decoding flags are generate's; --temperature, --top-p, --top-k and --max-new-tokens are the
-defaults for requests that leave those fields out. `--backend hf-generate` serves the same API
-through transformers' own `generate`, one request at a time (with --draft: assisted generation):
-the baseline a user would otherwise script, for `bench-serve` to compare against. `--api-key`
+defaults for requests that leave those fields out. `--backend` is generate's model backend
+(auto, ggml, torch, hf) under specpilot's engine, or `hf-generate`: the same API through
+transformers' own `generate`, one request at a time (with --draft: assisted generation), the
+baseline a user would otherwise script, for `bench-serve` to compare against. `--api-key`
 (or SPECPILOT_API_KEY; the flag wins) makes every /v1 route require `Authorization: Bearer KEY`.
 """
 
@@ -24,10 +25,10 @@ from specpilot.cli.common import (
 )
 from specpilot.config import require
 from specpilot.methods.defaults import DEFAULT_DRAFT
+from specpilot.models.loading import BACKENDS
 from specpilot.serve.auth import API_KEY_ENV, resolve_api_key
 
 MAX_NEW_TOKENS_HELP = "max_tokens of requests that give none (default %(default)s)"
-BACKENDS = ("specpilot", "hf-generate")
 
 
 def register(commands) -> None:
@@ -38,11 +39,13 @@ def register(commands) -> None:
     parser.set_defaults(draft=None)  # hf-generate drafts only when --draft is given
     parser.add_argument(
         "--backend",
-        choices=BACKENDS,
-        default="specpilot",
-        help="specpilot: the engine with continuous batching (default); hf-generate: "
-        "transformers' generate, one request at a time, the baseline a user would script "
-        "(with --draft: its assisted generation; takes none of the method flags)",
+        dest="model_backend",
+        choices=(*BACKENDS, "hf-generate"),
+        default="auto",
+        help="auto, ggml, torch, hf: where specpilot's engine runs the models, as for generate "
+        "(continuous batching; default auto); hf-generate: transformers' generate, one request "
+        "at a time, the baseline a user would script (with --draft: its assisted generation; "
+        "takes none of the method flags)",
     )
     add_specpilot_arguments(parser)
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
@@ -90,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     api_key = resolve_api_key(args.api_key)
     require(args.max_queue >= 0, f"--max-queue must be >= 0, got {args.max_queue}")
     require(0 <= args.port <= 65535, f"--port must be in 0..65535, got {args.port}")
-    if args.backend == "hf-generate":
+    if args.model_backend == "hf-generate":
         backend = hf_generate_worker(args)
     else:
         args.draft = args.draft or DEFAULT_DRAFT
@@ -151,8 +154,8 @@ def hf_generate_worker(args: argparse.Namespace):
     require(
         not given,
         "--backend hf-generate decodes one request at a time with transformers' generate "
-        f"(--draft: its assisted generation); drop {', '.join(given)}, which set --backend "
-        "specpilot's method and batch",
+        f"(--draft: its assisted generation); drop {', '.join(given)}, which set the method and "
+        "batch of specpilot's engine (--backend auto, ggml, torch or hf)",
     )
     models = load_from_args(args, args.draft, backend="hf")
     return HFGenerateWorker(models.target, models.draft)

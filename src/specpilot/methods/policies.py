@@ -71,9 +71,9 @@ def policy_entry(name: str) -> PolicyEntry:
 def constant(models: ModelPair, drafts: Drafts, k: int | None = None) -> Parts:
     """Draft k tokens every step (default: the drafter's natural depth, a tree's, else
     DEFAULT_K)."""
-    drafter = drafts()
+    drafter = drafts()  # None: plain decoding
     if k is None:
-        k = drafter.default_budget or DEFAULT_K
+        k = (drafter.default_budget if drafter is not None else None) or DEFAULT_K
     return Parts(drafter, ConstantPolicy(k))
 
 

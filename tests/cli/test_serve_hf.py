@@ -200,4 +200,5 @@ def test_method_flags_are_refused_before_loading(capsys):
     argv = ["serve", "--backend", "hf-generate", "--target", "no-such-model", "--k", "3"]
     assert main([*argv, "--max-batch", "4"]) == 2
     error = capsys.readouterr().err
-    assert "--k" in error and "--max-batch" in error and "--backend specpilot" in error
+    assert "--k" in error and "--max-batch" in error
+    assert "--backend auto, ggml, torch or hf" in error

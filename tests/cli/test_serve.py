@@ -290,7 +290,7 @@ def test_an_engine_failure_is_a_500_and_the_server_goes_on(server, client, monke
     assert answer.usage.completion_tokens >= 1
 
 
-@pytest.mark.parametrize("backend", ["specpilot", "hf-generate"])
+@pytest.mark.parametrize("backend", ["auto", "hf-generate"])
 def test_the_serve_command_serves(pair, tmp_path, backend):
     """`specpilot serve` as a user starts it (a subprocess), then a request and a clean stop
     (also the transformers baseline, assisted by the draft)."""
@@ -300,7 +300,7 @@ def test_the_serve_command_serves(pair, tmp_path, backend):
         port = probe.getsockname()[1]
     argv = [sys.executable, "-m", "specpilot.cli", "serve", "--target", target, "--draft", draft]
     argv += ["--dtype", "float32", "--max-length", "128", "--backend", backend]
-    if backend == "specpilot":
+    if backend == "auto":
         argv += ["--max-batch", "2", "--k", "3", "--prefill-chunk", "2"]
     argv += ["--port", str(port), "--model-name", MODEL, "--max-new-tokens", "4"]
     log = open(tmp_path / "serve.log", "w")  # noqa: SIM115
