@@ -17,7 +17,7 @@ from specpilot.drafting.eagle_head import EagleHead
 
 def test_export_then_import_gives_the_same_head(tmp_path, capsys):
     target = save_tiny(tmp_path / "target", seed=0)
-    runner = load_models(str(target), None, "float32", backend="decoder").target.runner
+    runner = load_models(str(target), None, "float32", backend="torch").target.runner
     head = tiny_head(runner, draft_vocab=40).float()
     head.save(tmp_path / "head", torch.float32)
     out = tmp_path / "eagle3"

@@ -68,7 +68,7 @@ def test_profile_then_generate(capsys, folders, tmp_path):
     [
         (["--policy", "sv"], "profile-sv --out"),
         (["--policy", "sv", "--sv-profile", "/nonexistent.json"], "does not exist"),
-        (["--k", "3", "--companion", "early-exit:target:2"], "belong to --policy sv"),
+        (["--k", "3", "--companion", "early-exit:target:2"], "belongs to policy sv"),
         # the default policy (goodput) takes SV after it, and so the profile SV needs
         (["--companion", "early-exit:target:2"], "needs an acceptance profile"),
     ],

@@ -14,6 +14,7 @@ from specpilot.cli.common import (
     load_from_args,
 )
 from specpilot.errors import ConfigError
+from specpilot.models.backends import choose_backend, runs_on_ggml
 
 
 def register(commands) -> None:
@@ -69,7 +70,11 @@ def run(args: argparse.Namespace) -> int:
         )
     records = select_prompts(args.prompts, args.limit, args.max_turns, args.seed)
     draft = args.draft if any(s.needs_draft for s in specs) else None
-    models = load_from_args(args, draft, settings.batch_size)
+    # auto: ggml for a GGUF target when every method runs there (transformers' peers need the
+    # torch weights), as generate decides for its one method.
+    on_ggml = all(_runs_on_ggml(s) for s in specs)
+    backend = choose_backend(args.model_backend, args.target, args.device, on_ggml)
+    models = load_from_args(args, draft, settings.batch_size, backend)
     document = run_bench(
         models,
         specs,
@@ -85,3 +90,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"plot: {path}", file=sys.stderr)
     print(json.dumps(document))
     return 0
+
+
+def _runs_on_ggml(method) -> bool:
+    """Whether a bench method runs on the ggml backend (llama.cpp's own binary reads the GGUF
+    whatever specpilot's runner is)."""
+    if method.kind == "llama-cpp":
+        return True
+    spec = method.spec
+    return spec is not None and runs_on_ggml(spec.drafter, spec.policy, dict(spec.options))

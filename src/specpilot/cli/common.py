@@ -76,10 +76,10 @@ def add_backend_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def _method_on_ggml(args: argparse.Namespace) -> bool:
-    """Whether the command's method runs on the ggml backend (models.backends.runs_on_ggml).
-    bench names its methods in --method strings and loads one pair for all: its auto stays on
-    torch (--backend ggml runs them there)."""
-    if hasattr(args, "method") or not hasattr(args, "drafter"):
+    """Whether the command's method flags name a method that runs on the ggml backend
+    (models.backends.runs_on_ggml); commands without them (training) stay on torch. bench
+    decides for its --method strings itself."""
+    if not hasattr(args, "drafter"):
         return False
     spec = method_spec(args)
     return runs_on_ggml(spec.drafter, spec.policy, dict(spec.options))

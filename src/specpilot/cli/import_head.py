@@ -24,7 +24,7 @@ def register(commands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    target = load_models(args.target, None, "float32", max_length=64, backend="decoder").target
+    target = load_models(args.target, None, "float32", max_length=64, backend="torch").target
     shape = EagleShape.for_target(target.runner, target.tokenizer)
     config = target.config.to_dict()
     head = import_eagle3(args.folder, shape, config, target.runner.embed)

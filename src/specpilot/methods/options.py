@@ -74,13 +74,16 @@ def _declared(hint: Any) -> type:
     return next(arg for arg in typing.get_args(hint) or (hint,) if arg is not type(None))
 
 
-def convert_all(declared: tuple[Option, ...], given: dict[str, Any], owner: str) -> dict[str, Any]:
-    """`given` converted to the `declared` types; an unknown name is an error naming the rest."""
+def convert_all(
+    declared: tuple[Option, ...], given: dict[str, Any], owner: str, hint: str = ""
+) -> dict[str, Any]:
+    """`given` converted to the `declared` types; an unknown name is an error naming the rest
+    (and ending with `hint`: where the name belongs instead)."""
     by_name = {option.name: option for option in declared}
     unknown = sorted(set(given) - set(by_name))
     if unknown:
         allowed = ", ".join(by_name) or "none"
         plural = "s" if len(unknown) > 1 else ""
         names = ", ".join(map(repr, unknown))
-        raise ConfigError(f"unknown option{plural} {names} for {owner} (options: {allowed})")
+        raise ConfigError(f"unknown option{plural} {names} for {owner} (options: {allowed}){hint}")
     return {key: by_name[key].convert(value, owner) for key, value in given.items()}

@@ -16,9 +16,9 @@ import torch
 
 from specpilot.errors import ConfigError
 from specpilot.methods.defaults import DEFAULT_DRAFTER, default_drafter_options, default_policy
-from specpilot.methods.drafters import drafter_entry
+from specpilot.methods.drafters import DRAFTERS, drafter_entry
 from specpilot.methods.options import convert_all
-from specpilot.methods.policies import policy_entry
+from specpilot.methods.policies import POLICIES, policy_entry
 
 ENGINE_METHODS = ("default", "ar", "sd")
 """Method strings a spec parses: `default` (what `generate` runs with no options), `ar` (plain
@@ -41,7 +41,8 @@ class MethodSpec:
         for name in policies:
             for option in policy_entry(name).options:
                 declared.setdefault(option.name, option)
-        converted = convert_all(tuple(declared.values()), given, self._owner())
+        hint = "".join(_takers(name) for name in given if name not in declared)
+        converted = convert_all(tuple(declared.values()), given, self._owner(), hint)
         object.__setattr__(self, "options", tuple(sorted(converted.items())))
         if len(policies) == 1 and policy_entry(*policies).check is not None:
             policy_entry(*policies).check(**self.policy_options)
@@ -120,6 +121,17 @@ class MethodSpec:
     def _owner(self) -> str:
         policy = "the default policy" if self.policy is None else f"policy {self.policy!r}"
         return f"drafter {self.drafter!r} and {policy}"
+
+
+def _takers(name: str) -> str:
+    """Which other drafters and policies take option `name`, for the error refusing it here."""
+    takers = [f"drafter {d}" for d, entry in DRAFTERS.items() if _declares(entry, name)]
+    takers += [f"policy {p}" for p, entry in POLICIES.items() if _declares(entry, name)]
+    return f"; {name!r} belongs to {', '.join(takers)}" if takers else ""
+
+
+def _declares(entry, name: str) -> bool:
+    return any(option.name == name for option in entry.options)
 
 
 def _text(value: Any) -> str:
