@@ -70,3 +70,12 @@ def test_generate_on_ggml_gives_plain_decodings_text(gguf, capsys):
         assert main([*common, "--backend", "ggml", *extra]) == 0
         outputs.append(capsys.readouterr().out)
     assert outputs[0] == outputs[1] and outputs[0].strip()
+
+
+def test_a_method_that_needs_torch_is_refused_on_ggml(gguf, capsys):
+    _, path = gguf
+    argv = ["generate", "--target", str(path), "--prompt", "ab!", "--backend", "ggml"]
+    assert main([*argv, "--drafter", "eagle"]) == 2
+    error = capsys.readouterr().err
+    assert "drafter=eagle" in error and "ggml backend does not expose" in error
+    assert "(--backend)" in error

@@ -8,6 +8,7 @@ from specpilot.errors import ConfigError
 from specpilot.methods.drafters import make_drafter
 from specpilot.methods.policies import make_policy, policy_entry
 from specpilot.methods.spec import MethodSpec
+from specpilot.models.backends import runs_on_ggml
 from specpilot.models.chat import eos_token_ids
 from specpilot.models.pair import ModelPair
 from specpilot.policies import VerifyPolicy
@@ -25,6 +26,12 @@ def engine_for(
     spec = spec.resolved(
         runner.dtype if on_cpu else None, runner.batch_size, verify_policy is not None
     )
+    if runner.backend == "ggml" and not runs_on_ggml(spec.drafter, spec.policy, dict(spec.options)):
+        raise ConfigError(
+            f"{spec} reads the target's hidden states or torch weights, which the ggml backend "
+            "does not expose; load the models on the torch backend (backend 'torch' or 'auto')",
+            ("backend",),
+        )
     if policy_entry(spec.policy).verifies and verify_policy is not None:
         raise ConfigError(
             f"policy {spec.policy!r} brings its own verify policy; pass no verify_policy"
