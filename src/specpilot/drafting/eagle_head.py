@@ -37,6 +37,7 @@ from torch import nn
 from specpilot.config import require
 from specpilot.errors import ConfigError
 from specpilot.files import ArtefactKind, replace_folder, resolve_artefact
+from specpilot.models.decoder_attention import rms_norm, rope
 from specpilot.models.gemm import linear
 
 COMMITTED_HEADS = Path(__file__).resolve().parent.parent / "heads"
@@ -158,17 +159,6 @@ def default_draft_vocab_size(vocab_size: int) -> int:
 def tokenizer_fingerprint(tokenizer) -> str:
     vocab = sorted(tokenizer.get_vocab().items(), key=lambda item: item[1])
     return hashlib.sha256(json.dumps(vocab, ensure_ascii=False).encode()).hexdigest()[:16]
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * xf.to(x.dtype)
-
-
-def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
 
 
 class EagleHead(nn.Module):
