@@ -18,7 +18,10 @@ def sv_verify_policy(
     profiled = profile.get("companion")
     companion = companion or profiled
     if companion is None:
-        raise ConfigError(f"{sv_profile!r} names no companion; pass --companion NAME")
+        raise ConfigError(
+            f"{sv_profile!r} names no companion; name one (a model or early-exit:target:N)",
+            ("companion",),
+        )
     if profiled is not None and companion != profiled:
         raise ConfigError(
             f"{sv_profile!r} was profiled with companion {profiled!r}, not {companion!r}; "

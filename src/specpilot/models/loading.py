@@ -300,7 +300,9 @@ def _load_ggml(
     from specpilot.models.ggml.files import ensure_gguf, metadata_folder
 
     if device.type != "cpu":
-        raise ConfigError(f"the ggml backend runs on the CPU, not {device}; use --backend torch")
+        raise ConfigError(
+            f"the ggml backend runs on the CPU, not {device}; use the torch backend", ("backend",)
+        )
     path = ensure_gguf(spec, progress=progress)
     folder = metadata_folder(path, spec)
     tokenizer = _load_tokenizer(folder)

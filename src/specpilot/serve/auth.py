@@ -32,7 +32,7 @@ def resolve_api_key(flag: str | None) -> str | None:
 def check_api_key(key: str | None) -> str | None:
     """`key` unchanged, or a ConfigError for one that cannot travel in an HTTP header."""
     if key is not None:
-        require(bool(key), "--api-key must not be empty")
+        require(bool(key), "the API key must not be empty", ("api_key",))
         require(
             key.isascii() and key.isprintable() and not any(c.isspace() for c in key),
             "the API key must be printable ASCII without spaces (it travels in an HTTP header)",

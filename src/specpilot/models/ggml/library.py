@@ -48,7 +48,8 @@ def lib():
     if not available():
         raise ConfigError(
             "the ggml backend needs llama-cpp-python: run `bash install.sh` (it builds "
-            f"llama-cpp-python {PINNED_VERSION} for this CPU), or choose --backend torch"
+            f"llama-cpp-python {PINNED_VERSION} for this CPU), or choose the torch backend",
+            ("backend",),
         )
     import llama_cpp.llama_cpp as llama
 
