@@ -77,15 +77,16 @@ def test_drafters_match_plain_ggml_greedy(files, reference, kind, policy):
         assert accepted > 0, "the perturbed draft should get some tokens accepted"
 
 
-@pytest.mark.parametrize("kind", ["model", "model-tree"])
+@pytest.mark.parametrize("kind", ["model", "model-tree", "ngram"])
 def test_goodput_controller_matches_plain_ggml_greedy(files, reference, kind):
+    drafter = make_drafter(kind, files)  # ngram: prompt lookup's default on ggml
     engine = SpeculativeEngine(
         runner(files, "target"),
         TinyTokenizer(),
-        make_drafter(kind, files),
+        drafter,
         GoodputPolicy(max_k=5),
         eos_ids=set(),
-        planner=GoodputController(joint=True),
+        planner=GoodputController(joint=drafter.drafts_jointly),
     )
     for prompt in PROMPTS:
         result = engine.generate(prompt, GenerationConfig(max_new_tokens=MAX_NEW))

@@ -76,6 +76,14 @@ def test_without_a_policy_the_defaults_resolve_from_the_target():
     assert eagle.resolved(torch.bfloat16, batch=4).option("eagle_lookup") is None
     named = MethodSpec.of("eagle", "constant")
     assert named.resolved(torch.bfloat16) is named
+    # prompt lookup: constant k on torch; the goodput controller on ggml's steep curve (one row)
+    lookup = MethodSpec.of("ngram")
+    assert lookup.resolved(torch.bfloat16).policy == "constant"
+    assert lookup.resolved(torch.float32, backend="ggml").policy == "goodput"
+    assert lookup.resolved(torch.float32, batch=4, backend="ggml").policy == "constant"
+    assert MethodSpec.of("ngram", k=3).resolved(torch.float32, backend="ggml").policy == "constant"
+    capped = MethodSpec.of("ngram", max_k=4).resolved(torch.float32, backend="ggml")
+    assert capped.policy == "goodput" and capped.option("max_k") == 4
 
 
 def test_every_entry_declares_typed_options():

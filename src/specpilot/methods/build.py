@@ -24,7 +24,10 @@ def engine_for(
     runner = target.runner
     on_cpu = runner.device.type == "cpu"
     spec = spec.resolved(
-        runner.dtype if on_cpu else None, runner.batch_size, verify_policy is not None
+        runner.dtype if on_cpu else None,
+        runner.batch_size,
+        verify_policy is not None,
+        runner.backend,
     )
     if runner.backend == "ggml" and not runs_on_ggml(spec.drafter, spec.policy, dict(spec.options)):
         raise ConfigError(

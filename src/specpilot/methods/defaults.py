@@ -27,7 +27,11 @@ DVI_SPLIT = 2
 
 
 def default_policy(
-    drafter: str, fixed_length: bool = False, dtype: torch.dtype | None = None, batch: int = 1
+    drafter: str,
+    fixed_length: bool = False,
+    dtype: torch.dtype | None = None,
+    batch: int = 1,
+    backend: str = "torch",
 ) -> str:
     """The policy a method runs when none is named. For the draft model, the goodput controller:
     it drafts only where this machine's measured latency and the rows' acceptance say it pays
@@ -38,6 +42,9 @@ def default_policy(
     costs ~1.5 plain steps, and the constant 8-node tree ran at 1.04x plain decoding (1.5B) and
     0.79x (SmolLM2) where sizing each step's tree on the measured curve ran at 1.52x and 1.01x
     (BENCHMARKS §8.9, §8.10); it learns a one-sequence curve, so batches keep the constant tree.
+    For prompt lookup decoding one sequence on the ggml `backend`, the goodput controller too:
+    there verifying 4 tokens costs 2.8 plain steps and constant k = 3 ran at 0.64x plain decoding
+    where the controller ran at 0.97x (BENCHMARKS.md §0; batches were not measured).
     Constant where the caller asks for a `fixed_length` (a `k`, or a verify policy of its own),
     for bf16 eagle trees (measured best constant, §8.7) and for the other drafters, whose default
     depths were measured constant (prompt lookup, DVI) and are not yet measured under the
@@ -48,13 +55,20 @@ def default_policy(
         return "goodput"
     if drafter == "eagle" and dtype == torch.float32 and batch == 1:
         return "tree-goodput"
+    if drafter == "ngram" and backend == "ggml" and batch == 1:
+        return "goodput"
     return "constant"
 
 
 def default_drafter_options(
-    drafter: str, fixed_length: bool = False, dtype: torch.dtype | None = None, batch: int = 1
+    drafter: str,
+    fixed_length: bool = False,
+    dtype: torch.dtype | None = None,
+    batch: int = 1,
+    backend: str = "torch",
 ) -> dict[str, int]:
-    """The drafter options a method gets when it names no policy (arguments as `default_policy`):
+    """The drafter options a method gets when it names no policy (arguments as `default_policy`;
+    `backend` does not change them):
     for the eagle tree decoding one sequence with a target computing in bf16 on the CPU (where
     `default_policy` keeps the constant tree), a prompt-lookup branch of EAGLE_BF16_LOOKUP tokens.
     There verifying its extra nodes is nearly free, and the tree with it ran 1.14x the tree without

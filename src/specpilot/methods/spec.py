@@ -74,14 +74,20 @@ class MethodSpec:
         return cls(options.pop("drafter", DEFAULT_DRAFTER), options.pop("policy", None), options)
 
     def resolved(
-        self, dtype: torch.dtype | None, batch: int = 1, fixed_length: bool = False
+        self,
+        dtype: torch.dtype | None,
+        batch: int = 1,
+        fixed_length: bool = False,
+        backend: str = "torch",
     ) -> MethodSpec:
         """This spec with its policy named: the default for a target computing in `dtype` on the
-        CPU (None: elsewhere) decoding `batch` sequences, with the drafter options that default
-        brings (`fixed_length`: a caller's own verify policy fixes the draft length too)."""
+        CPU (None: elsewhere) decoding `batch` sequences on `backend`, with the drafter options
+        that default brings (`fixed_length`: a caller's own verify policy fixes the draft length
+        too)."""
         if self.policy is not None:
             return self
-        facts = (self.drafter, fixed_length or "k" in dict(self.options), dtype, batch)
+        fixed = fixed_length or "k" in dict(self.options)
+        facts = (self.drafter, fixed, dtype, batch, backend)
         options = {**default_drafter_options(*facts), **dict(self.options)}
         return MethodSpec(self.drafter, default_policy(*facts), tuple(options.items()))
 
@@ -113,9 +119,10 @@ class MethodSpec:
             return {self.policy}
         fixed = "k" in given
         return {
-            default_policy(self.drafter, fixed, dtype, batch)
+            default_policy(self.drafter, fixed, dtype, batch, backend)
             for dtype in (None, torch.float32, torch.bfloat16)
             for batch in (1, 2)
+            for backend in ("torch", "ggml")
         }
 
     def _owner(self) -> str:
