@@ -14,7 +14,7 @@ from specpilot.cli.common import (
     load_from_args,
 )
 from specpilot.errors import ConfigError
-from specpilot.models.backends import choose_backend, runs_on_ggml
+from specpilot.models.backends import choose_backend
 
 
 def register(commands) -> None:
@@ -97,5 +97,4 @@ def _runs_on_ggml(method) -> bool:
     whatever specpilot's runner is)."""
     if method.kind == "llama-cpp":
         return True
-    spec = method.spec
-    return spec is not None and runs_on_ggml(spec.drafter, spec.policy, dict(spec.options))
+    return method.spec is not None and method.spec.runs_on_ggml

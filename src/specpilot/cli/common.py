@@ -23,7 +23,7 @@ from specpilot.methods.defaults import (
     DVI_SPLIT,
     EAGLE_BF16_LOOKUP,
 )
-from specpilot.models.backends import choose_backend, runs_on_ggml
+from specpilot.models.backends import choose_backend
 from specpilot.models.loading import BACKENDS, resolve_dtype
 
 BATCH_HELP = "prompts decoded together (each row accepts its own number of tokens per step)"
@@ -81,8 +81,7 @@ def _method_on_ggml(args: argparse.Namespace) -> bool:
     decides for its --method strings itself."""
     if not hasattr(args, "drafter"):
         return False
-    spec = method_spec(args)
-    return runs_on_ggml(spec.drafter, spec.policy, dict(spec.options))
+    return method_spec(args).runs_on_ggml
 
 
 def add_method_arguments(parser: argparse.ArgumentParser) -> None:

@@ -8,7 +8,6 @@ from specpilot.errors import ConfigError
 from specpilot.methods.drafters import make_drafter
 from specpilot.methods.policies import make_policy, policy_entry
 from specpilot.methods.spec import MethodSpec
-from specpilot.models.backends import runs_on_ggml
 from specpilot.models.chat import eos_token_ids
 from specpilot.models.pair import ModelPair
 from specpilot.policies import VerifyPolicy
@@ -29,7 +28,7 @@ def engine_for(
         verify_policy is not None,
         runner.backend,
     )
-    if runner.backend == "ggml" and not runs_on_ggml(spec.drafter, spec.policy, dict(spec.options)):
+    if runner.backend == "ggml" and not spec.runs_on_ggml:
         raise ConfigError(
             f"{spec} reads the target's hidden states or torch weights, which the ggml backend "
             "does not expose; load the models on the torch backend (backend 'torch' or 'auto')",

@@ -19,6 +19,7 @@ from specpilot.methods.defaults import DEFAULT_DRAFTER, default_drafter_options,
 from specpilot.methods.drafters import DRAFTERS, drafter_entry
 from specpilot.methods.options import convert_all
 from specpilot.methods.policies import POLICIES, policy_entry
+from specpilot.models.backends import runs_on_ggml
 
 ENGINE_METHODS = ("default", "ar", "sd")
 """Method strings a spec parses: `default` (what `generate` runs with no options), `ar` (plain
@@ -103,6 +104,11 @@ class MethodSpec:
     def policy_options(self) -> dict[str, Any]:
         drafter = self.drafter_options
         return {key: value for key, value in self.options if key not in drafter}
+
+    @property
+    def runs_on_ggml(self) -> bool:
+        """Whether it needs only the ggml runner's forwards (models.backends.runs_on_ggml)."""
+        return runs_on_ggml(self.drafter, self.policy, dict(self.options))
 
     @property
     def needs_draft(self) -> bool:
