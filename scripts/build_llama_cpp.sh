@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Build llama.cpp's native binaries (the bench's `llama-cpp` peer) from the source vendored in the
-# pinned llama-cpp-python sdist, so the peer runs the same kernels as our ggml backend.
+# pinned llama-cpp-python sdist: llama.cpp as its users build it, without the multi-row kernels
+# (patches/ggml) that install.sh adds to specpilot's own ggml.
 #
 #   bash scripts/build_llama_cpp.sh            # -> $SPECPILOT_CACHE/llama.cpp/<version>/bin
 #   LLAMA_CPP_DEST=DIR bash scripts/build_llama_cpp.sh

@@ -17,12 +17,16 @@ class GgmlConfig:
     llama.cpp decide (on for the CPU), which computes attention through f16: logits then differ
     from float32 attention by ~1e-4, so exactness tests turn it off. `kv_type`: the KV cache's
     element type (llama.cpp's default f16; f32 for exactness tests against float32 torch).
-    `n_ubatch`: the most tokens llama.cpp computes in one graph (longer prefills are split)."""
+    `n_ubatch`: the most tokens llama.cpp computes in one graph (longer prefills are split).
+    `repack`: let llama.cpp repack weights for its own matmul kernels (its `use_extra_bufts`);
+    None: off where the library has specpilot's multi-row kernels (models.ggml.library), which
+    run on weights as stored, else on."""
 
     n_threads: int | None = None
     flash_attn: bool | None = None
     kv_type: Literal["f16", "f32"] = "f16"
     n_ubatch: int = 512
+    repack: bool | None = None
 
     def __post_init__(self):
         require(self.n_threads is None or self.n_threads >= 1, "n_threads must be >= 1")

@@ -60,6 +60,22 @@ def lib():
     return llama
 
 
+@cache
+def multirow_kernels() -> bool:
+    """True when the ggml library carries specpilot's multi-row K-quant kernels (install.sh
+    builds it with patches/ggml): verifying n drafted tokens then unpacks each weight block once
+    instead of n times, and gives the same results as n one-token forwards."""
+    import llama_cpp
+
+    folder = os.path.join(os.path.dirname(llama_cpp.__file__), "lib")
+    paths = [os.path.join(folder, name) for name in os.listdir(folder)]
+    return any(
+        hasattr(ctypes.CDLL(path), "ggml_multirow_dot")
+        for path in paths
+        if os.path.basename(path).startswith("libggml-cpu")
+    )
+
+
 def recent_errors() -> str:
     """The last error lines llama.cpp logged (empty when none), and forget them."""
     text = " | ".join(_errors)
