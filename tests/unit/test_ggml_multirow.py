@@ -16,7 +16,7 @@ from specpilot.models.ggml import GgmlRunner  # noqa: E402
 from specpilot.models.ggml.config import GgmlConfig  # noqa: E402
 from specpilot.models.ggml.library import multirow_kernels  # noqa: E402
 
-EXACT = GgmlConfig(n_threads=2, flash_attn=False, kv_type="f32")
+EXACT = GgmlConfig(n_threads=2, flash_attn=False, kv_type="f32", repack=False)
 
 
 @pytest.fixture(scope="module")

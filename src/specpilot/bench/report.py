@@ -24,8 +24,16 @@ def memory_bandwidth_gbs(megabytes: int = 1024, repeats: int = 5) -> float:
 
 def machine_info() -> dict:
     """The machine a report was measured on: CPU model and the flags that set its speed (AVX2
-    alone, AVX-512, native bf16), threads, torch, Python, GPU."""
+    alone, AVX-512, native bf16), threads, torch, Python, GPU, and the llama.cpp build (its
+    version; whether it has specpilot's multi-row kernels)."""
+    from specpilot.models.ggml import library
+
     model, flags = cpu_info()
+    llama_cpp = None
+    if library.available():
+        import llama_cpp as module
+
+        llama_cpp = {"version": module.__version__, "multirow": library.multirow_kernels()}
     return {
         "cpu": model or platform.processor(),
         "cpu_flags": sorted(flags & SPEED_FLAGS),
@@ -33,6 +41,7 @@ def machine_info() -> dict:
         "torch": torch.__version__,
         "python": platform.python_version(),
         "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        "llama_cpp": llama_cpp,
     }
 
 

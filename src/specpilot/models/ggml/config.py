@@ -18,15 +18,17 @@ class GgmlConfig:
     from float32 attention by ~1e-4, so exactness tests turn it off. `kv_type`: the KV cache's
     element type (llama.cpp's default f16; f32 for exactness tests against float32 torch).
     `n_ubatch`: the most tokens llama.cpp computes in one graph (longer prefills are split).
-    `repack`: let llama.cpp repack weights for its own matmul kernels (its `use_extra_bufts`);
-    None: off where the library has specpilot's multi-row kernels (models.ggml.library), which
-    run on weights as stored, else on."""
+    `repack`: let llama.cpp repack Q4_K weights for its own matmul kernels (`use_extra_bufts`),
+    the fastest for one to three tokens. False keeps them as stored, so that where the library
+    has specpilot's multi-row kernels (models.ggml.library.multirow_kernels) every quantized
+    matmul goes through them: a forward over n tokens then gives bit for bit the logits of n
+    one-token forwards (exact verification), for ~10 % more time per one-token step."""
 
     n_threads: int | None = None
     flash_attn: bool | None = None
     kv_type: Literal["f16", "f32"] = "f16"
     n_ubatch: int = 512
-    repack: bool | None = None
+    repack: bool = True
 
     def __post_init__(self):
         require(self.n_threads is None or self.n_threads >= 1, "n_threads must be >= 1")

@@ -23,7 +23,7 @@ from specpilot.errors import ConfigError, ModelLoadError, PromptError
 from specpilot.models.ggml import trees as tree_seqs
 from specpilot.models.ggml.batch import Batch, Entry
 from specpilot.models.ggml.config import KV_TYPES, GgmlConfig
-from specpilot.models.ggml.library import default_threads, lib, multirow_kernels, recent_errors
+from specpilot.models.ggml.library import default_threads, lib, recent_errors
 from specpilot.models.runner import LogitRows
 from specpilot.models.synced_cache import CachedTokens
 
@@ -55,7 +55,7 @@ class GgmlRunner:
         self._llama = llama = lib()
         params = llama.llama_model_default_params()
         params.n_gpu_layers = 0
-        params.use_extra_bufts = not multirow_kernels() if config.repack is None else config.repack
+        params.use_extra_bufts = config.repack
         self._model = llama.llama_model_load_from_file(str(self.path).encode(), params)
         if not self._model:
             raise ModelLoadError(f"llama.cpp could not load {self.path}: {recent_errors()}")
