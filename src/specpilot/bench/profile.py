@@ -78,7 +78,7 @@ def eagle_step_ms(models: ModelPair, head: str | None, context: int, repeats: in
     from specpilot.methods import make_drafter
 
     drafter = make_drafter("eagle", models, eagle_head=head)
-    hidden = torch.zeros(8, drafter.head.shape.hidden_size, dtype=models.target.runner.dtype)
+    hidden = torch.zeros(8, drafter.head.shape.hidden_size, dtype=drafter.inputs.dtype)
     timings = {}
     for rows in (1, 8):
 
