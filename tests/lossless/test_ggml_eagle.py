@@ -7,13 +7,15 @@ verifier that accepts every node."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 pytest.importorskip("llama_cpp")
 
 import torch  # noqa: E402
 from eagle_fixtures import tiny_head  # noqa: E402
-from gguf_fixtures import ggml_runner  # noqa: E402
+from gguf_fixtures import EXACT, ggml_runner  # noqa: E402
 from test_engine_sampling import (  # noqa: E402
     SAMPLINGS,
     VOCAB,
@@ -28,6 +30,7 @@ from specpilot.drafting.eagle import EagleDrafter  # noqa: E402
 from specpilot.drafting.eagle_inputs import HeadInputs  # noqa: E402
 from specpilot.engine import SpeculativeEngine  # noqa: E402
 from specpilot.models.decoder import DecoderRunner  # noqa: E402
+from specpilot.models.ggml import GgmlRunner  # noqa: E402
 from specpilot.policies import ConstantPolicy  # noqa: E402
 from specpilot.policies.tree_goodput import TreeGoodputPolicy  # noqa: E402
 from specpilot.types import VerifyResult  # noqa: E402
@@ -89,6 +92,18 @@ def test_taps_equal_the_torch_runners(model, path):
             torch.testing.assert_close(mine.logits, theirs.logits, rtol=1e-4, atol=1e-4)
     untapped = ggml.run_batch([[3], [4]], [0, 1], logits="none")
     assert untapped[0].taps == {} and untapped[0].logits is None
+
+
+def test_taps_of_a_forward_split_into_micro_batches(model, path):
+    """A forward longer than llama.cpp's micro-batch (n_ubatch) taps every token, in order."""
+    ggml_runner(model, path)  # writes the GGUF
+    runner = GgmlRunner(path, 256, 1, dataclasses.replace(EXACT, n_ubatch=4))
+    runner.enable_taps()
+    row = [1, 5, 9, 14, 20, 7, 33, 44, 45, 46, 2]
+    got = runner.run_batch([row], [0], logits="last", tap_layers=LAYERS)[0]
+    expected = DecoderRunner(model).run_batch([row], [0], logits="last", tap_layers=LAYERS)[0]
+    for k in LAYERS:
+        torch.testing.assert_close(got.taps[k], expected.taps[k], rtol=1e-4, atol=1e-4)
 
 
 def test_a_runner_taps_only_once_enabled(model, path):
