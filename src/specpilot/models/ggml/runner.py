@@ -97,6 +97,7 @@ class GgmlRunner:
         if self._taps is None:
             self._taps = LayerTaps(self._llama)
             self._llama.llama_free(self._context)
+            self._context = None  # `close` must not free it again if the new one fails
             self._open_context()
 
     def _new_context(self):
