@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("llama_cpp")
 
 import torch  # noqa: E402
-from eagle_fixtures import tiny_head  # noqa: E402
+from eagle_fixtures import accept_first_children, tiny_head  # noqa: E402
 from gguf_fixtures import EXACT, ggml_runner  # noqa: E402
 from test_engine_sampling import (  # noqa: E402
     SAMPLINGS,
@@ -33,7 +33,6 @@ from specpilot.models.decoder import DecoderRunner  # noqa: E402
 from specpilot.models.ggml import GgmlRunner  # noqa: E402
 from specpilot.policies import ConstantPolicy  # noqa: E402
 from specpilot.policies.tree_goodput import TreeGoodputPolicy  # noqa: E402
-from specpilot.types import VerifyResult  # noqa: E402
 
 PROMPTS = [[1, 5, 9, 14, 20, 7], [1, 33, 44], [1, 60, 61, 62, 63, 64, 65, 66, 67], [1]]
 MAX_NEW = 30
@@ -174,12 +173,6 @@ def test_sampled_output_follows_target(small, name):
 
 
 def test_chi_square_rejects_a_tree_verifier_that_accepts_everything(small, monkeypatch):
-    def accept_first_children(tokens, parents, draft_probs, target_logits, sampling, generator):
-        path, node = [], -1
-        while (node := next((i for i, p in enumerate(parents) if p == node), None)) is not None:
-            path.append(node)
-        return VerifyResult(len(path), int(target_logits[-1].argmax()), tuple(path))
-
     monkeypatch.setattr(speculative, "verify_tree", accept_first_children)
     target, path, head = small
     engine = eagle_engine(target, path, head, **dict(CONFIGS["tree"], depth=2))
