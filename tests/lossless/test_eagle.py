@@ -16,7 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from eagle_fixtures import tiny_head, tiny_target
+from eagle_fixtures import accept_first_children, tiny_head, tiny_target
 from test_engine_sampling import SAMPLINGS, VOCAB, chi_square_pvalue, exact_joint_distribution
 from tiny import TinyTokenizer, cpu_training
 
@@ -30,7 +30,6 @@ from specpilot.policies import ConstantPolicy, SvipPolicy
 from specpilot.policies.tree_goodput import TreeGoodputPolicy
 from specpilot.training.eagle.data import Sample
 from specpilot.training.ppow import PpowConfig, train_ppow
-from specpilot.types import VerifyResult
 
 PROMPTS = [[1, 5, 9, 14, 20, 7], [1, 33, 44], [1, 60, 61, 62, 63, 64, 65, 66, 67], [1]]
 CONFIGS = {
@@ -210,12 +209,6 @@ def test_sampled_output_follows_target_with_goodput_sized_trees(small_target, sa
 
 
 def test_chi_square_rejects_a_tree_verifier_that_accepts_everything(small_target, monkeypatch):
-    def accept_first_children(tokens, parents, draft_probs, target_logits, sampling, generator):
-        path, node = [], -1
-        while (node := next((i for i, p in enumerate(parents) if p == node), None)) is not None:
-            path.append(node)
-        return VerifyResult(len(path), int(target_logits[-1].argmax()), tuple(path))
-
     monkeypatch.setattr(speculative, "verify_tree", accept_first_children)
     engine = eagle_engine(small_target, **dict(CONFIGS["tree"], depth=2))
     sampling = SAMPLINGS[0]

@@ -1,5 +1,5 @@
 """Loading on the ggml backend: a .gguf read as stored with the tokenizer of its metadata, the
-`auto` choice by method, and `generate --backend ggml` giving plain ggml decoding's text."""
+`auto` choice by method, and `generate` on ggml giving plain ggml decoding's text (eagle too)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from gguf_fixtures import EXACT, write_tiny_qwen2_gguf  # noqa: E402
 from tiny import tiny_model  # noqa: E402
 
 from specpilot.cli import main  # noqa: E402
+from specpilot.drafting.eagle_head import EagleHead, EagleShape  # noqa: E402
 from specpilot.models import load_model  # noqa: E402
 from specpilot.models.backends import choose_backend, runs_on_ggml  # noqa: E402
 from specpilot.models.decoder import DecoderRunner  # noqa: E402
@@ -41,8 +42,10 @@ def test_auto_picks_ggml_where_the_method_runs_there(gguf):
     _, path = gguf
     assert runs_on_ggml("model", "goodput") and runs_on_ggml("ngram", "constant")
     assert runs_on_ggml("model", None, {"branches": 3})
+    assert runs_on_ggml("eagle", None) and runs_on_ggml("eagle", "tree-goodput", {"tree_topk": 4})
     for drafter, policy, options in [
-        ("eagle", None, {}),
+        ("eagle", "ltd", {}),
+        ("eagle", "sv", {}),
         ("dvi", "constant", {}),
         ("model", "ltd", {}),
         ("model", "tree-goodput", {}),
@@ -72,10 +75,32 @@ def test_generate_on_ggml_gives_plain_decodings_text(gguf, capsys):
     assert outputs[0] == outputs[1] and outputs[0].strip()
 
 
+def test_generate_with_eagle_on_ggml_gives_plain_decodings_text(gguf, tmp_path, capsys):
+    """`auto` runs eagle on ggml (chains and dynamic trees): the head is built for the GGUF's
+    config and tokenizer, and reads the GGUF's embedding rows."""
+    _, path = gguf
+    loaded = load_model(str(path), backend="ggml", ggml=EXACT, max_length=128)
+    config, runner = loaded.config, loaded.runner
+    shape = EagleShape.for_config(config, runner.vocab_size, loaded.tokenizer, True, (1, 2))
+    EagleHead(shape, torch.arange(shape.draft_vocab_size)).save(tmp_path / "head")
+    common = ["generate", "--target", str(path), "--prompt", "ab!", "--max-new-tokens", "12"]
+    outputs = []
+    for extra in (
+        ["--drafter", "none"],
+        ["--drafter", "eagle", "--tree-topk", "1", "--policy", "constant"],
+        ["--drafter", "eagle", "--tree-topk", "3"],
+    ):
+        eagle = ["--eagle-head", str(tmp_path / "head")] if "eagle" in extra else []
+        assert main([*common, "--backend", "auto", *extra, *eagle]) == 0
+        outputs.append(capsys.readouterr().out)
+    assert outputs[0] == outputs[1] == outputs[2] and outputs[0].strip()
+    assert not (tmp_path / "cache" / "models").exists()  # no torch conversion: auto ran ggml
+
+
 def test_a_method_that_needs_torch_is_refused_on_ggml(gguf, capsys):
     _, path = gguf
     argv = ["generate", "--target", str(path), "--prompt", "ab!", "--backend", "ggml"]
-    assert main([*argv, "--drafter", "eagle"]) == 2
+    assert main([*argv, "--drafter", "dvi"]) == 2
     error = capsys.readouterr().err
-    assert "drafter=eagle" in error and "ggml backend does not expose" in error
+    assert "drafter=dvi" in error and "ggml backend does not expose" in error
     assert "(--backend)" in error

@@ -72,6 +72,8 @@ def test_without_a_policy_the_defaults_resolve_from_the_target():
     assert MethodSpec().resolved(None, fixed_length=True).policy == "constant"
     eagle = MethodSpec.of("eagle")
     assert eagle.resolved(torch.float32).policy == "tree-goodput"
+    on_ggml = eagle.resolved(torch.float32, backend="ggml")  # its runner reports float32 logits
+    assert on_ggml.policy == "tree-goodput" and on_ggml.runs_on_ggml
     assert eagle.resolved(torch.bfloat16).option("eagle_lookup") == EAGLE_BF16_LOOKUP
     assert eagle.resolved(torch.bfloat16, batch=4).option("eagle_lookup") is None
     named = MethodSpec.of("eagle", "constant")

@@ -77,8 +77,8 @@ def eagle_step_ms(models: ModelPair, head: str | None, context: int, repeats: in
     level of the default frontier)."""
     from specpilot.methods import make_drafter
 
-    drafter = make_drafter("eagle", models, eagle_head=head)
-    hidden = torch.zeros(8, drafter.head.shape.hidden_size, dtype=models.target.runner.dtype)
+    drafter = make_drafter("eagle", models, **({} if head is None else {"eagle_head": head}))
+    hidden = torch.zeros(8, drafter.head.shape.hidden_size, dtype=drafter.inputs.dtype)
     timings = {}
     for rows in (1, 8):
 

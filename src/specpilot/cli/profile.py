@@ -37,8 +37,8 @@ def run(args: argparse.Namespace) -> int:
     contexts, gammas = int_list(args.contexts), int_list(args.gammas)
     GenerationConfig(args.max_new_tokens)  # validate before loading
     # auto: the backend generate would run on (ggml for a GGUF target), whose curve the goodput
-    # controller reads; the eagle drafter's timing needs the torch target.
-    backend = choose_backend(args.model_backend, args.target, args.device, not args.eagle_head)
+    # controller reads; the eagle drafter runs there too.
+    backend = choose_backend(args.model_backend, args.target, args.device, True)
     models = load_from_args(args, None if args.no_draft else args.draft, backend=backend)
     profile = profile_pair(
         models,

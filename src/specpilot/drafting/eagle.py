@@ -31,11 +31,11 @@ import copy
 import time
 
 import torch
-import torch.nn.functional as F
 
 from specpilot.config import SamplingConfig, require
 from specpilot.drafting.dynamic_tree import DynamicTree, ancestor_mask, grow, select_for
 from specpilot.drafting.eagle_head import EagleHead
+from specpilot.drafting.eagle_inputs import HeadInputs
 from specpilot.drafting.ngram import NgramDrafter
 from specpilot.errors import ConfigError
 from specpilot.models.synced_cache import common_prefix_length
@@ -78,10 +78,12 @@ class EagleDrafter:
         topk: int = DEFAULT_TOPK,
         nodes: int = DEFAULT_NODES,
         lookup: int = 0,
+        inputs: HeadInputs | None = None,
     ):
-        """`target`: the lean-decoder runner the head was trained on (its embedding, rotary
-        tables and dtype are shared). topk 1 drafts chains; `lookup` > 0 adds a prompt-lookup
-        branch of at most that many tokens."""
+        """`target`: the runner of the target the head was trained for (the lean decoder or
+        ggml); `inputs`: its embedding, rotary tables and the head's dtype (default: a lean
+        decoder's own, HeadInputs.of_decoder). topk 1 drafts chains; `lookup` > 0 adds a
+        prompt-lookup branch of at most that many tokens."""
         require(depth >= 1, f"eagle depth must be >= 1, got {depth}")
         require(topk >= 1, f"eagle topk must be >= 1, got {topk}")
         require(nodes >= 1, f"eagle nodes must be >= 1, got {nodes}")
@@ -95,10 +97,13 @@ class EagleDrafter:
         if not hasattr(target, "run_batch"):
             raise ConfigError(
                 "the eagle drafter reads the target's hidden states: serve the target with the "
-                "lean decoder backend (Llama/Qwen2 family)"
+                "lean decoder backend (Llama/Qwen2 family) or the ggml backend"
             )
         self.target = target
-        self.head = copy.deepcopy(head).to(dtype=target.dtype, device=target.device).eval()
+        self.inputs = inputs = inputs or HeadInputs.of_decoder(target)
+        if hasattr(target, "enable_taps"):  # ggml: a context whose forwards can tap layers
+            target.enable_taps()
+        self.head = copy.deepcopy(head).to(dtype=inputs.dtype, device=inputs.device).eval()
         self.head.requires_grad_(False)
         self.vocabulary = DraftVocabulary(self.head.draft_ids.cpu(), target.vocab_size)
         self.depth, self.topk, self.nodes, self.lookup = depth, topk, nodes, lookup
@@ -115,7 +120,7 @@ class EagleDrafter:
     def clear_cache(self) -> None:
         if len(self.slots) != self.target.batch_size:
             self.slots = [
-                _Slot(self.head, self.target.max_length, self.target.dtype, self.target.device)
+                _Slot(self.head, self.target.max_length, self.inputs.dtype, self.inputs.device)
                 for _ in range(self.target.batch_size)
             ]
         for state in self.slots:  # stale keys/values past `fed` are never read
@@ -188,10 +193,6 @@ class EagleDrafter:
             )
         return proposals
 
-    def _embed(self, tokens: list[int]) -> torch.Tensor:
-        ids = torch.tensor(tokens, dtype=torch.long, device=self.target.device)
-        return F.embedding(ids, self.target.embed)
-
     def _catch_up(self, state: _Slot, sequence: list[int], slot: int) -> torch.Tensor:
         """Feed the committed pairs not yet in the cache (at least the last one, whose output
         drafts the next token); return that last output [1, h]."""
@@ -203,12 +204,12 @@ class EagleDrafter:
             )
         fed = state.fed = min(state.fed, state.count - 1)
         n = state.count - fed
-        positions = torch.arange(fed, fed + n, device=self.target.device)
+        positions = torch.arange(fed, fed + n, device=self.inputs.device)
         out, k, v = self.head.block(
             state.features[fed : fed + n],
-            self._embed(sequence[fed + 1 : fed + n + 1]),
-            self.target.cos[positions],
-            self.target.sin[positions],
+            self.inputs.embed(sequence[fed + 1 : fed + n + 1]),
+            self.inputs.cos[positions],
+            self.inputs.sin[positions],
             state.k[:, :fed],
             state.v[:, :fed],
         )
@@ -222,12 +223,12 @@ class EagleDrafter:
         `depth_position` into cache rows fed + used.. with additive `mask` over the cache."""
         n = len(tokens)
         row = state.fed + used
-        position = torch.full((n,), depth_position, device=self.target.device)
+        position = torch.full((n,), depth_position, device=self.inputs.device)
         out, k, v = self.head.block(
             hidden,
-            self._embed(tokens),
-            self.target.cos[position],
-            self.target.sin[position],
+            self.inputs.embed(tokens),
+            self.inputs.cos[position],
+            self.inputs.sin[position],
             state.k[:, :row],
             state.v[:, :row],
             mask,
@@ -308,8 +309,8 @@ class EagleDrafter:
         def feed(level: int, frontier: list[int], fed: list[int]) -> torch.Tensor:
             hidden = torch.stack([outputs[tree.parents[i]] for i in frontier])
             allowed = ancestor_mask(tree, fed, frontier, state.fed)
-            mask = torch.zeros(allowed.shape, dtype=self.target.dtype)
-            mask = mask.masked_fill_(~allowed, float("-inf")).to(self.target.device)
+            mask = torch.zeros(allowed.shape, dtype=self.inputs.dtype)
+            mask = mask.masked_fill_(~allowed, float("-inf")).to(self.inputs.device)
             tokens = [self.vocabulary.to_full_id(tree.tokens[i]) for i in frontier]
             out = self._step(state, hidden, tokens, len(sequence) - 1 + level, len(fed), mask)
             outputs.update(zip(frontier, out, strict=True))

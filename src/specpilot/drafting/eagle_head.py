@@ -99,25 +99,44 @@ class EagleShape:
         draft_vocab_size: int | None = None,
         intermediate_size: int | None = None,
     ) -> EagleShape:
-        """The shape of a head for a lean-decoder target: default taps at the inputs of layers 2,
-        L/2 and L − 3 (low, middle, high); default MLP width the target's."""
-        config = runner.config
-        num_layers = runner.num_layers
+        """The shape of a head for a lean-decoder target (`for_config` on its config)."""
+        bias = runner.layers[0].qkv_bias is not None
+        return cls.for_config(
+            runner.config, runner.vocab_size, tokenizer, bias,
+            feature_layers, draft_vocab_size, intermediate_size,
+        )  # fmt: skip
+
+    @classmethod
+    def for_config(
+        cls,
+        config,
+        vocab_size: int,
+        tokenizer,
+        attention_bias: bool,
+        feature_layers: tuple[int, ...] | None = None,
+        draft_vocab_size: int | None = None,
+        intermediate_size: int | None = None,
+    ) -> EagleShape:
+        """The shape of a head for a target with this transformers `config` and `vocab_size`
+        LM-head rows: default taps at the inputs of layers 2, L/2 and L − 3 (low, middle, high);
+        default MLP width the target's."""
+        num_layers = config.num_hidden_layers
         if feature_layers is None:
             feature_layers = default_feature_layers(num_layers)
+        num_heads = config.num_attention_heads
         return cls(
             model_type=config.model_type,
             hidden_size=config.hidden_size,
             intermediate_size=intermediate_size or config.intermediate_size,
-            num_heads=runner.num_heads,
-            num_kv_heads=runner.num_kv_heads,
-            head_dim=runner.head_dim,
+            num_heads=num_heads,
+            num_kv_heads=config.num_key_value_heads,
+            head_dim=getattr(config, "head_dim", None) or config.hidden_size // num_heads,
             num_layers=num_layers,
-            vocab_size=runner.vocab_size,
-            rms_norm_eps=runner.eps,
-            attention_bias=runner.layers[0].qkv_bias is not None,
+            vocab_size=vocab_size,
+            rms_norm_eps=config.rms_norm_eps,
+            attention_bias=attention_bias,
             feature_layers=tuple(int(k) for k in feature_layers),
-            draft_vocab_size=draft_vocab_size or default_draft_vocab_size(runner.vocab_size),
+            draft_vocab_size=draft_vocab_size or default_draft_vocab_size(vocab_size),
             tokenizer_fingerprint=tokenizer_fingerprint(tokenizer),
         )
 

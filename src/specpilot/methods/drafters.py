@@ -49,7 +49,7 @@ def _vocabulary(model, size: int | None, corpus: str | None) -> DraftVocabulary 
 
 def _lean_target(models: ModelPair, why: str):
     target = None if models is None else models.target
-    if target is None or not hasattr(target.runner, "run_batch"):
+    if target is None or getattr(target.runner, "backend", None) != "torch":
         raise ConfigError(
             f"the {why}: it needs a target served by the lean decoder backend (Llama/Qwen2 family)"
         )
@@ -88,17 +88,27 @@ def eagle_drafter(
     `eagle_lookup` > 0 adds a prompt-lookup branch of up to that many tokens."""
     from specpilot.drafting.eagle import EagleDrafter
     from specpilot.drafting.eagle_head import EagleHead, EagleShape, resolve_head
+    from specpilot.drafting.eagle_inputs import HeadInputs
 
-    target = _lean_target(models, "eagle drafter reads the target's hidden states")
-    expected = EagleShape.for_target(target.runner, target.tokenizer)
+    target = models.target
+    runner = target.runner
+    if runner.backend == "ggml":  # the head's inputs from the GGUF, its shape from the config
+        config = target.config
+        bias = getattr(config, "attention_bias", config.model_type == "qwen2")
+        expected = EagleShape.for_config(config, runner.vocab_size, target.tokenizer, bias)
+        inputs = HeadInputs.of_gguf(runner, config)
+    else:
+        target = _lean_target(models, "eagle drafter reads the target's hidden states")
+        expected, inputs = EagleShape.for_target(runner, target.tokenizer), None
     head = EagleHead.load(resolve_head(eagle_head, target.name), expected=expected)
     return EagleDrafter(
-        target.runner,
+        runner,
         head,
         depth=tree_depth,
         topk=tree_topk,
         nodes=tree_nodes,
         lookup=eagle_lookup,
+        inputs=inputs,
     )
 
 

@@ -1,13 +1,15 @@
 """Which backend `auto` picks for a command's models, from what its method needs.
 
 The ggml backend (llama.cpp over the GGUF as stored) is the fast CPU path for GGUF targets, but
-its runner offers only the runner protocol's forwards, rollback and draft-tree verification: no
-hidden-state taps, LM-head rows or early exits. So `auto` picks it where the target is a GGUF
-(a .gguf file or an offline model) on the CPU, llama-cpp-python is installed, and the method
-runs on those forwards: plain decoding, prompt lookup, a draft model's chains or first-token
-trees (the draft on ggml too) and the draft-length policies, the goodput controller included.
-Eagle, DVI, dynamic trees, a reduced draft vocabulary, LTD, tree-goodput and SV (whose
-companions are early exits or torch models) stay on torch.
+its runner offers only the runner protocol's forwards, rollback, draft-tree verification and
+hidden-state taps: no LM-head rows, layer-split forwards or early exits. So `auto` picks it where
+the target is a GGUF (a .gguf file or an offline model) on the CPU, llama-cpp-python is
+installed, and the method runs on those forwards: plain decoding, prompt lookup, a draft model's
+chains or first-token trees (the draft on ggml too), the eagle drafter's chains and dynamic
+trees (its head in torch, reading the target's taps and its GGUF's embedding rows) and the
+draft-length policies, the goodput controller and tree-goodput (eagle's trees) included. DVI,
+the draft model's dynamic trees, a reduced draft vocabulary, LTD and SV (whose companions are
+early exits or torch models) stay on torch.
 """
 
 from __future__ import annotations
@@ -18,11 +20,14 @@ from specpilot.models.ggml.files import gguf_file
 from specpilot.models.ggml.library import available
 from specpilot.models.offline import OFFLINE_MODELS
 
-GGML_DRAFTERS = ("none", "model", "ngram")
-GGML_POLICIES = ("constant", "heuristic", "svip", "goodput")
+GGML_DRAFTERS = ("none", "model", "ngram", "eagle")
+GGML_POLICIES = ("constant", "heuristic", "svip", "goodput", "tree-goodput")
+TREE_DRAFTERS = ("eagle",)
+"""The drafters whose dynamic trees (`tree_topk` > 1, and tree-goodput's sizing) run on ggml:
+eagle's trees grow in its torch head; the draft model's need its lean decoder's tree-masked
+`run`."""
 TORCH_ONLY_OPTIONS = ("draft_vocab", "draft_vocab_corpus", "sv_profile", "companion")
-"""Method options that need torch weights (a draft head over some ids, SV's companion); a tree
-`tree_topk` above 1 (dynamic trees) does too."""
+"""Method options that need torch weights (a draft head over some ids, SV's companion)."""
 
 
 def runs_on_ggml(
@@ -34,7 +39,8 @@ def runs_on_ggml(
         return False
     if any(options.get(key) is not None for key in TORCH_ONLY_OPTIONS):
         return False
-    return int(options.get("tree_topk") or 1) <= 1
+    dynamic = policy == "tree-goodput" or int(options.get("tree_topk") or 1) > 1
+    return drafter in TREE_DRAFTERS or not dynamic
 
 
 def choose_backend(requested: str, target: str, device: str, method_on_ggml: bool) -> str:

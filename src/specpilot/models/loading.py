@@ -246,16 +246,17 @@ def load_model(
 ) -> LoadedModel:
     """Resolve `spec`, load tokenizer and weights, and wrap them in the best runner
     (`batch_size`: KV-cache slots, the most sequences decoded together; `backend`: see
-    BACKENDS; `ggml`: the ggml backend's settings). The ggml backend ignores `dtype`: it
-    computes as the GGUF stores the weights."""
+    BACKENDS; `ggml`: the ggml backend's settings). On the ggml backend the model computes as
+    the GGUF stores its weights, and `dtype` is what torch modules reading it (an eagle head)
+    compute in."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     if backend not in BACKENDS:
         raise ConfigError(f"unknown backend {backend!r}; valid values: {', '.join(BACKENDS)}")
     dev = _resolve_device(device)
-    if backend == "ggml":
-        return _load_ggml(str(spec), dev, max_length, batch_size, ggml, progress)
     torch_dtype = resolve_dtype(dtype, dev)
+    if backend == "ggml":
+        return _load_ggml(str(spec), dev, max_length, batch_size, ggml, progress, torch_dtype)
     path = resolve_model_path(spec, progress=progress)
     try:
         config = AutoConfig.from_pretrained(path)
@@ -292,6 +293,7 @@ def _load_ggml(
     batch_size: int,
     config: GgmlConfig | None,
     progress: bool,
+    torch_dtype: torch.dtype,
 ) -> LoadedModel:
     """A GgmlRunner over the GGUF `spec` names, with the tokenizer of its metadata."""
     from transformers import AutoConfig
@@ -306,7 +308,7 @@ def _load_ggml(
     path = ensure_gguf(spec, progress=progress)
     folder = metadata_folder(path, spec)
     tokenizer = _load_tokenizer(folder)
-    runner = GgmlRunner(path, max_length, batch_size, config)
+    runner = GgmlRunner(path, max_length, batch_size, config, torch_dtype)
     return LoadedModel(spec, path, runner, tokenizer, AutoConfig.from_pretrained(folder))
 
 

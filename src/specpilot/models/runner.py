@@ -25,8 +25,9 @@ LogitRows = Literal["all", "last", "none"]
 class RunnerOutput:
     logits: torch.Tensor | None
     """[rows, vocab] float32 logits for the rows asked for, or None."""
-    hidden: torch.Tensor
-    """[n, hidden] output of the last layer run (before the final norm)."""
+    hidden: torch.Tensor | None
+    """[n, hidden] output of the last layer run (before the final norm); None on the ggml
+    backend, whose graph keeps only the scored rows past the last layer."""
     taps: dict[int, torch.Tensor] = field(default_factory=dict)
     """Layer index k → [n, hidden] hidden state after the first k decoder layers."""
 

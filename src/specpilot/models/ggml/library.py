@@ -6,6 +6,10 @@ tree verification need. `llama_cpp.llama_cpp` exposes libllama's C functions one
 
 llama.cpp logs through a callback; by default it writes every model-loading line to stderr.
 Here only errors are kept, in a short buffer that exceptions quote (`recent_errors`).
+
+`ggml_base` binds the few functions of libggml-base (loaded with libllama) that the binding
+does not: reading a graph node's data (models.ggml.taps) and GGUF tensor offsets
+(models.ggml.embedding).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import importlib.util
 import os
 from collections import deque
 from functools import cache
+from pathlib import Path
 
 from specpilot.errors import ConfigError
 
@@ -60,20 +65,40 @@ def lib():
     return llama
 
 
+class GgufParams(ctypes.Structure):
+    """`struct gguf_init_params` (gguf.h)."""
+
+    _fields_ = [("no_alloc", ctypes.c_bool), ("ctx", ctypes.c_void_p)]
+
+
+@cache
+def ggml_base() -> ctypes.CDLL:
+    """libggml-base beside the libllama that `lib` loaded, with the signatures used here."""
+    library = ctypes.CDLL(str(Path(lib()._lib._name).with_name("libggml-base.so")))
+    c = ctypes
+    signatures = {
+        "ggml_backend_tensor_get": ([c.c_void_p, c.c_void_p, c.c_size_t, c.c_size_t], None),
+        "gguf_init_from_file": ([c.c_char_p, GgufParams], c.c_void_p),
+        "gguf_free": ([c.c_void_p], None),
+        "gguf_find_tensor": ([c.c_void_p, c.c_char_p], c.c_int64),
+        "gguf_get_data_offset": ([c.c_void_p], c.c_size_t),
+        "gguf_get_tensor_offset": ([c.c_void_p, c.c_int64], c.c_size_t),
+        "gguf_get_tensor_size": ([c.c_void_p, c.c_int64], c.c_size_t),
+        "gguf_get_tensor_type": ([c.c_void_p, c.c_int64], c.c_int),
+    }
+    for name, (argtypes, restype) in signatures.items():
+        function = getattr(library, name)
+        function.argtypes, function.restype = argtypes, restype
+    return library
+
+
 @cache
 def multirow_kernels() -> bool:
     """True when the ggml library carries specpilot's multi-row K-quant kernels (install.sh
     builds it with patches/ggml): verifying n drafted tokens then unpacks each weight block once
     instead of n times, and gives the same results as n one-token forwards."""
-    import llama_cpp
-
-    folder = os.path.join(os.path.dirname(llama_cpp.__file__), "lib")
-    paths = [os.path.join(folder, name) for name in os.listdir(folder)]
-    return any(
-        hasattr(ctypes.CDLL(path), "ggml_multirow_dot")
-        for path in paths
-        if os.path.basename(path).startswith("libggml-cpu")
-    )
+    library = ctypes.CDLL(str(Path(lib()._lib._name).with_name("libggml-cpu.so")))
+    return hasattr(library, "ggml_multirow_dot")
 
 
 def recent_errors() -> str:

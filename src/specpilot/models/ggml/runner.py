@@ -6,10 +6,13 @@ every row; logits come back, as float32, only for the rows asked for. Rolling a 
 `llama_memory_seq_rm` on its id. Draft trees get temporary sequence ids past the slots'
 (models.ggml.trees), released when the slot is next rolled back.
 
+`run_batch` also returns the hidden states after chosen layers (`tap_layers`), which the eagle
+drafter reads, once `enable_taps` has given the context an eval callback (models.ggml.taps).
 Every row of a forward is checked before any sequence changes, so a refused forward leaves the
-cache as it was. The runner has no layer taps, LM-head rows or early exits: methods that need the
-target's hidden states or weights (eagle, DVI, dynamic trees, LTD, SV's early-exit companions)
-run on the torch backend.
+cache as it was. The runner has no LM-head rows, layer-split forwards or early exits, and no
+last-layer hidden states (llama.cpp keeps only the scored rows past the last layer): methods
+that need those (DVI, a reduced draft vocabulary, LTD, SV's early-exit companions) run on the
+torch backend.
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ from specpilot.models.ggml import trees as tree_seqs
 from specpilot.models.ggml.batch import Batch, Entry
 from specpilot.models.ggml.config import KV_TYPES, GgmlConfig
 from specpilot.models.ggml.library import default_threads, lib, recent_errors
-from specpilot.models.runner import LogitRows
+from specpilot.models.ggml.taps import LayerTaps
+from specpilot.models.runner import LogitRows, RunnerOutput
 from specpilot.models.synced_cache import CachedTokens
 
 TREE_LEAVES_PER_SLOT = 16
@@ -47,12 +51,16 @@ class GgmlRunner:
         max_length: int | None = 4096,
         batch_size: int = 1,
         config: GgmlConfig | None = None,
+        torch_dtype: torch.dtype = torch.float32,
     ):
+        """`torch_dtype`: what torch modules reading this target (an eagle head) compute in."""
         if batch_size < 1:
             raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
         self.config = config = config or GgmlConfig()
         self.path = Path(path)
+        self.torch_dtype = torch_dtype
         self._llama = llama = lib()
+        self._taps: LayerTaps | None = None
         params = llama.llama_model_default_params()
         params.n_gpu_layers = 0
         params.use_extra_bufts = config.repack
@@ -63,6 +71,8 @@ class GgmlRunner:
         self._batch = Batch(llama)
         vocab = llama.llama_model_get_vocab(self._model)
         self.vocab_size = llama.llama_vocab_n_tokens(vocab)
+        self.num_layers = llama.llama_model_n_layer(self._model)
+        self.hidden_size = llama.llama_model_n_embd(self._model)
         limit = llama.llama_model_n_ctx_train(self._model)
         self.max_length = min(limit, max_length) if max_length else limit
         self.batch_size = batch_size
@@ -70,12 +80,26 @@ class GgmlRunner:
         self.num_seqs = min(llama.llama_max_parallel_sequences(), wanted)
         if self.num_seqs <= batch_size:
             raise ConfigError(f"llama.cpp decodes at most {self.num_seqs - 1} slots together")
+        self._open_context()
+
+    def _open_context(self) -> None:
+        """A new llama.cpp context with an empty cache."""
         self._context = self._new_context()
-        self._memory = llama.llama_get_memory(self._context)
-        self.lengths = [0] * batch_size
-        self.cached = CachedTokens(batch_size)
+        self._memory = self._llama.llama_get_memory(self._context)
+        self.lengths = [0] * self.batch_size
+        self.cached = CachedTokens(self.batch_size)
         self._trees: dict[int, tree_seqs.TreeSeqs] = {}
-        self._free_ids = list(range(batch_size, self.num_seqs))
+        self._free_ids = list(range(self.batch_size, self.num_seqs))
+
+    def enable_taps(self) -> None:
+        """Let forwards tap hidden states (`run_batch`'s `tap_layers`): the context is created
+        again with the eval callback, so the cache is emptied. Done once, by a feature drafter
+        when it is built; every later forward pays the callback's per-node call (taps module)."""
+        if self._taps is None:
+            self._taps = LayerTaps(self._llama)
+            self._llama.llama_free(self._context)
+            self._context = None  # `close` must not free it again if the new one fails
+            self._open_context()
 
     def _new_context(self):
         llama, config = self._llama, self.config
@@ -95,6 +119,8 @@ class GgmlRunner:
                 else llama.LLAMA_FLASH_ATTN_TYPE_DISABLED
             )
         params.no_perf = True
+        if self._taps is not None:
+            params.cb_eval = self._taps.callback
         context = llama.llama_init_from_model(self._model, params)
         if not context:
             raise ModelLoadError(f"llama.cpp could not create a context: {recent_errors()}")
@@ -159,13 +185,29 @@ class GgmlRunner:
         head: torch.Tensor | None = None,
         trees: list[tuple[int, ...] | None] | None = None,
     ) -> list[torch.Tensor | None]:
-        """Append rows[j] to slot slots[j] in one llama_decode; per row [rows, vocab] float32
-        logits ("all", "last") or None ("none", or an empty row). trees[j] (parent indices):
-        row j is [root, node 0, node 1, ...] of a draft tree (see `keep_path`)."""
+        """Per row its logits from `run_batch` (None for "none" or an empty row)."""
         if head is not None:
             raise ConfigError("the ggml backend scores the full vocabulary only (no draft head)")
+        outs = self.run_batch(rows, slots, logits=logits, trees=trees)
+        return [out and out.logits for out in outs]
+
+    def run_batch(
+        self,
+        rows: list[list[int]],
+        slots: list[int],
+        *,
+        logits: LogitRows = "all",
+        tap_layers: tuple[int, ...] = (),
+        trees: list[tuple[int, ...] | None] | None = None,
+    ) -> list[RunnerOutput | None]:
+        """Append rows[j] to slot slots[j] in one llama_decode. Per row (None for an empty one):
+        [rows, vocab] float32 logits ("all", "last"; None for "none") and, for each k of
+        `tap_layers` (1..layers − 1; `enable_taps` first), the [n, hidden] float32 hidden states
+        after the first k layers; `hidden` is None (module docstring). trees[j] (parent indices):
+        row j is [root, node 0, node 1, ...] of a draft tree (see `keep_path`)."""
         if len(set(slots)) != len(slots) or not all(0 <= s < self.batch_size for s in slots):
             raise ValueError(f"slots must be distinct and in 0..{self.batch_size - 1}: {slots}")
+        self._check_taps(tap_layers)
         trees_ = trees if trees is not None else [None] * len(rows)
         live = [j for j, row in enumerate(rows) if len(row)]
         for j in live:
@@ -184,9 +226,11 @@ class GgmlRunner:
             before = len(entries)
             entries += self._entries(rows[j], slots[j], trees_[j], logits)
             outputs.append(sum(entry.output for entry in entries[before:]))
-        out: list[torch.Tensor | None] = [None] * len(rows)
+        out: list[RunnerOutput | None] = [None] * len(rows)
         if not live:
             return out
+        if tap_layers:
+            self._taps.start(tap_layers)
         status = self._llama.llama_decode(self._context, self._batch.fill(entries))
         if status != 0:
             for j in live:
@@ -195,14 +239,21 @@ class GgmlRunner:
         for j in live:
             tree = self._trees.get(slots[j])
             self.lengths[slots[j]] += 1 if tree is not None else len(rows[j])
-        if logits == "none":
-            return out
-        scored = self._logits(sum(outputs))
-        offset = 0
+        taps = self._taps.finish() if tap_layers else {}
+        scored = None if logits == "none" else self._logits(sum(outputs))
+        offset = first = 0  # the row's first scored row, its first token
         for j, n in zip(live, outputs, strict=True):
-            out[j] = scored[offset : offset + n]
-            offset += n
+            rows_taps = {k: tap[first : first + len(rows[j])] for k, tap in taps.items()}
+            row_logits = None if scored is None else scored[offset : offset + n]
+            out[j] = RunnerOutput(row_logits, None, rows_taps)
+            offset, first = offset + n, first + len(rows[j])
         return out
+
+    def _check_taps(self, layers: tuple[int, ...]) -> None:
+        if layers and self._taps is None:
+            raise RuntimeError("this runner's forwards cannot tap hidden states: enable_taps()")
+        if not all(1 <= k < self.num_layers for k in layers):
+            raise ValueError(f"tap layers must lie in 1..{self.num_layers - 1}, got {layers}")
 
     def _check(self, row: list[int], slot: int) -> None:
         if self.lengths[slot] + len(row) > self.max_length:
