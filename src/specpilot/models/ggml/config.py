@@ -22,7 +22,8 @@ class GgmlConfig:
     the fastest for one to three tokens. False keeps them as stored, so that where the library
     has specpilot's multi-row kernels (models.ggml.library.multirow_kernels) every quantized
     matmul goes through them: a forward over n tokens then gives bit for bit the logits of n
-    one-token forwards (exact verification), for ~10 % more time per one-token step."""
+    one-token forwards (exact verification), and one-token steps are slower (3 % in llama-bench
+    on the EPYC)."""
 
     n_threads: int | None = None
     flash_attn: bool | None = None
