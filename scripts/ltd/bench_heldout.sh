@@ -6,7 +6,8 @@
 # STATIC="tree_depth=D,tree_nodes=V" (the best static of summary.json), POLICIES (default: the committed
 # ones of TARGET), OTHER (policy folders also run as LTD both, e.g. another target's: the
 # cross-target test), REPEATS (default 3), LIMIT (prompts per category, default all 8),
-# TARGET (default qwen2.5-coder-1.5b-instruct), REPORT (default qwen_heldout).
+# TARGET (default qwen2.5-coder-1.5b-instruct), REPORT (default qwen_heldout), TOPK (the static
+# tree's width, default 8: the policies' W), BACKEND (default auto: ggml for the GGUF target).
 # Resumable: re-running it measures only what is missing (same CPU model).
 set -u
 cd "$(dirname "$0")/../.."
@@ -19,7 +20,8 @@ for folder in ${OTHER:-}; do EXTRA+=(--method "sd:drafter=eagle,policy=ltd,ltd_p
 specpilot bench --target "${TARGET:-qwen2.5-coder-1.5b-instruct}" \
   --prompts docs/eagle/heldout_24.jsonl --max-turns 1 --max-new-tokens 128 \
   --repeats "${REPEATS:-3}" ${LIMIT:+--limit "$LIMIT"} --draft none --quiet \
-  --method "sd:drafter=eagle,tree_topk=8,$STATIC,policy=constant" \
+  --backend "${BACKEND:-auto}" \
+  --method "sd:drafter=eagle,tree_topk=${TOPK:-8},$STATIC,policy=constant" \
   --method sd:drafter=eagle,policy=constant \
   --method sd:drafter=eagle,policy=svip \
   --method "$LTD,use=size" \

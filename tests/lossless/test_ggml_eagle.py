@@ -1,7 +1,8 @@
 """The eagle drafter with its target on the ggml backend (llama.cpp over float32 GGUF files written
 in the test): the ggml runner's taps, embedding rows and rotary tables equal the torch runner's
-on the same weights (chain and tree forwards); eagle chains and dynamic trees (constant, and
-sized by tree-goodput) keep plain ggml greedy decoding's output, batch rows equal single runs;
+on the same weights (chain and tree forwards); eagle chains and dynamic trees (constant, sized
+by tree-goodput, shaped by LTD's policies) keep plain ggml greedy decoding's output, batch rows
+equal single runs;
 sampled output follows the target's distribution (chi-square), and the same test rejects a tree
 verifier that accepts every node."""
 
@@ -16,6 +17,7 @@ pytest.importorskip("llama_cpp")
 import torch  # noqa: E402
 from eagle_fixtures import accept_first_children, tiny_head  # noqa: E402
 from gguf_fixtures import EXACT, ggml_runner  # noqa: E402
+from ltd_fixtures import tiny_nets  # noqa: E402
 from test_engine_sampling import (  # noqa: E402
     SAMPLINGS,
     VOCAB,
@@ -32,6 +34,8 @@ from specpilot.engine import SpeculativeEngine  # noqa: E402
 from specpilot.models.decoder import DecoderRunner  # noqa: E402
 from specpilot.models.ggml import GgmlRunner  # noqa: E402
 from specpilot.policies import ConstantPolicy  # noqa: E402
+from specpilot.policies.ltd import LtdPolicy  # noqa: E402
+from specpilot.policies.ltd_net import LtdShape  # noqa: E402
 from specpilot.policies.tree_goodput import TreeGoodputPolicy  # noqa: E402
 
 PROMPTS = [[1, 5, 9, 14, 20, 7], [1, 33, 44], [1, 60, 61, 62, 63, 64, 65, 66, 67], [1]]
@@ -145,6 +149,25 @@ def test_greedy_identity_with_goodput_sized_trees(model, path, head, plain_outpu
         assert result.token_ids == plain
         sizes |= {r.num_nodes for r in result.stats.records}
     assert len(sizes) >= 3  # the sweep verified several sizes
+
+
+@pytest.mark.parametrize("batch_size", [1, len(PROMPTS)])
+def test_greedy_identity_with_ltd_shaped_trees(model, path, head, plain_outputs, batch_size):
+    shape = LtdShape(topk=3, max_depth=6, size_step=2, size_actions=8)
+    policy = LtdPolicy(tiny_nets(shape))
+    tree = dict(depth=shape.max_depth, topk=shape.topk, nodes=8)
+    engine = eagle_engine(model, path, head, policy, batch_size=batch_size, **tree)
+    config = GenerationConfig(max_new_tokens=MAX_NEW)
+    if batch_size > 1:
+        assert [r.token_ids for r in engine.generate_batch(PROMPTS, config)] == plain_outputs
+        return
+    depths, sizes = set(), set()
+    for prompt, plain in zip(PROMPTS, plain_outputs, strict=True):
+        result = engine.generate(prompt, config)
+        assert result.token_ids == plain
+        depths |= {r.num_drafted for r in result.stats.records}
+        sizes |= {r.num_nodes for r in result.stats.records}
+    assert len(depths) >= 2 and len(sizes) >= 2  # the policies shaped the trees
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))

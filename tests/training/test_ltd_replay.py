@@ -27,6 +27,7 @@ from specpilot.training.ltd.envs import (
     SizeEnv,
     depth_obs,
     hindsight_throughput,
+    plain_throughput,
     replay_throughput,
     reward,
 )
@@ -179,6 +180,12 @@ def test_hindsight_throughput_bounds_every_chooser(log):
     policies = replay_throughput(log, cost, Chooser(log, nets.depth, nets.size))
     grid = [SHAPE.size_of(a) for a in range(SHAPE.size_actions)]
     assert hindsight_throughput(log, cost, depths, grid)["tokens_per_s"] >= policies["tokens_per_s"]
+    # "Draft nothing" as a further choice: never below plain decoding or the ceiling without it,
+    # and, alone, exactly plain decoding.
+    skip = hindsight_throughput(log, cost, depths, sizes, skip=True)["tokens_per_s"]
+    plain = plain_throughput(log, cost)
+    assert skip >= max(plain, bound["tokens_per_s"]) * (1 - 1e-9)
+    assert hindsight_throughput(log, cost, [], [], skip=True)["tokens_per_s"] == pytest.approx(plain)
 
 
 def test_policy_folder_round_trip_and_errors(tmp_path):

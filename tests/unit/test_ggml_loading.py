@@ -43,8 +43,8 @@ def test_auto_picks_ggml_where_the_method_runs_there(gguf):
     assert runs_on_ggml("model", "goodput") and runs_on_ggml("ngram", "constant")
     assert runs_on_ggml("model", None, {"branches": 3})
     assert runs_on_ggml("eagle", None) and runs_on_ggml("eagle", "tree-goodput", {"tree_topk": 4})
+    assert runs_on_ggml("eagle", "ltd")
     for drafter, policy, options in [
-        ("eagle", "ltd", {}),
         ("eagle", "sv", {}),
         ("dvi", "constant", {}),
         ("model", "ltd", {}),

@@ -18,7 +18,7 @@ from specpilot.bench.llama_server import (
 )
 from specpilot.bench.methods import parse_method
 from specpilot.bench.run import bench_methods
-from specpilot.config import SamplingConfig
+from specpilot.config import GenerationConfig, SamplingConfig
 from specpilot.errors import ConfigError
 
 
@@ -83,6 +83,8 @@ class Handler(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         tokens = [t + 1 for t in body["prompt"]][: body["n_predict"]]
         out = {"tokens": tokens, "timings": {"prompt_ms": 1.0, "predicted_ms": 2.0}}
+        if "--spec-type" in sys.argv:  # what llama-server adds once it drafted
+            out["timings"].update(draft_n=9, draft_n_accepted=4)
         self.send_response(200); self.end_headers(); self.wfile.write(json.dumps(out).encode())
     def log_message(self, *args):
         pass
@@ -107,6 +109,57 @@ def test_fake_server_round_trip(tmp_path):
         server.close()
     assert done.token_ids == [2, 3] and done.seconds == pytest.approx(0.003)
     assert server.process.poll() is not None
+
+
+def test_turn_stats_from_the_server_totals():
+    # 12 tokens, 9 drafted, 4 accepted: 8 target forwards (the prompt's, then 7 verify steps)
+    stats = peer.turn_stats(12, 30, {"prompt_ms": 5.0, "predicted_ms": 15.0, "prompt_n": 30,
+                                     "draft_n": 9, "draft_n_accepted": 4})  # fmt: skip
+    assert (stats.drafted, stats.verified, stats.accepted) == (9, 9, 4)
+    assert stats.acceptance_rate == pytest.approx(4 / 9)
+    assert stats.steps == 8 and stats.new_tokens == 12
+    assert stats.mean_accepted_tokens == pytest.approx(12 / 8)
+    assert stats.records[0].num_drafted == 0  # the prompt forward drafts nothing
+    assert all(r.num_accepted <= r.num_drafted for r in stats.records)
+    assert [r.context_len for r in stats.records[:3]] == [30, 31, 33]
+    assert stats.prefill_s == pytest.approx(0.005) and stats.total_s == pytest.approx(0.02)
+    quiet = peer.turn_stats(5, 30, {"prompt_ms": 1.0, "predicted_ms": 2.0})  # nothing drafted
+    assert quiet.steps == 5 and quiet.drafted == 0 and quiet.mean_accepted_tokens == 1.0
+    cut = peer.turn_stats(2, 30, {"draft_n": 3, "draft_n_accepted": 3})  # EOS inside the drafts
+    assert cut.new_tokens == 2 and cut.accepted == 3 and cut.steps == 1
+
+
+class _Tokenizer:
+    chat_template = None
+
+    def __call__(self, text):
+        return {"input_ids": [len(text)]}
+
+    def decode(self, ids, skip_special_tokens=True):
+        return " ".join(map(str, ids))
+
+
+def _method(server: LlamaServer, speculative: bool) -> peer.LlamaCppMethod:
+    method = object.__new__(peer.LlamaCppMethod)
+    method.tokenizer, method.server, method.speculative = _Tokenizer(), server, speculative
+    return method
+
+
+def test_speculative_turns_report_acceptance(tmp_path):
+    config = GenerationConfig(max_new_tokens=8)
+    binary = _fake_binary(tmp_path)
+    for args, speculative in (([], False), (["--spec-type", "draft-eagle3"], True)):
+        server = LlamaServer(binary, ["-m", "x.gguf", *args], startup_s=30)
+        try:
+            [[turn]] = _method(server, speculative).run([("hello",)], config)
+        finally:
+            server.close()
+        assert turn.token_ids == [6] and turn.seconds == pytest.approx(0.003)
+        if not speculative:
+            assert turn.stats is None  # plain decoding: the bench shows no acceptance
+            continue
+        assert (turn.stats.drafted, turn.stats.accepted) == (9, 4)
+        assert turn.stats.acceptance_rate == pytest.approx(4 / 9)
 
 
 def test_server_that_exits_reports_its_log(tmp_path):

@@ -15,7 +15,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from specpilot.config import SamplingConfig
@@ -67,6 +67,8 @@ class Completion:
     token_ids: list[int]
     seconds: float
     """The server's prompt + generation time."""
+    timings: dict = field(default_factory=dict)
+    """llama-server's `timings` as answered (speculative modes add draft_n, draft_n_accepted)."""
 
 
 def parse_completion(body: dict) -> Completion:
@@ -76,6 +78,7 @@ def parse_completion(body: dict) -> Completion:
     return Completion(
         [int(t) for t in tokens],
         (float(timings["prompt_ms"]) + float(timings["predicted_ms"])) / 1000,
+        timings,
     )
 
 

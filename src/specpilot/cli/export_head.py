@@ -9,6 +9,7 @@ import argparse
 import json
 
 from specpilot.api import DEFAULT_TARGET
+from specpilot.bench.llama_cpp_eagle3 import NO_LAYER_INPUTS
 from specpilot.drafting.eagle3_format import export_eagle3
 from specpilot.drafting.eagle_head import EagleHead, resolve_head
 from specpilot.models.loading import resolve_dtype, resolve_model_path
@@ -35,6 +36,8 @@ def run(args: argparse.Namespace) -> int:
     target_config = json.loads((resolve_model_path(args.target) / "config.json").read_text())
     out = export_eagle3(head, target_config, args.out, resolve_dtype(args.dtype))
     engines = "vLLM only" if head.shape.attention_bias else "vLLM, SGLang and llama.cpp"
+    if not head.shape.attention_bias and head.shape.model_type in NO_LAYER_INPUTS:
+        engines = f"vLLM and SGLang; llama.cpp cannot tap a {head.shape.model_type} target"
     print(f"wrote {out} (a head with{'' if head.shape.attention_bias else 'out'} a q/k/v "
           f"bias: for {engines})")  # fmt: skip
     return 0

@@ -86,7 +86,8 @@ def register(commands) -> None:
         "--no-qkv-bias",
         action="store_true",
         help="a head without the q/k/v bias a Qwen target has: exported, it runs in vLLM, SGLang "
-        "and llama.cpp (a biased head runs in vLLM only; see `specpilot export-head`)",
+        "and (for targets other than Qwen2) llama.cpp; a biased head runs in vLLM only (see "
+        "`specpilot export-head`)",
     )
     integers = ("epochs", "batch_tokens", "unroll", "max_seq_tokens", "valid_samples")
     for name in (*integers, "eval_every", "save_every"):

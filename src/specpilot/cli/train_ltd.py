@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from specpilot.api import load_models
-from specpilot.cli.common import dataclass_defaults
+from specpilot.cli.common import add_backend_argument, dataclass_defaults
 from specpilot.cli.train_eagle import DEFAULT_DATA_DIR
 from specpilot.config import require
 from specpilot.methods.defaults import DEFAULT_TARGET
@@ -62,6 +62,7 @@ def register(commands) -> None:
         parser.add_argument(f"--{name.replace('_', '-')}", type=kind, default=value)
     parser.add_argument("--dtype", default="auto", help="the target's dtype (as when decoding)")
     parser.add_argument("--max-length", type=int, default=2048)
+    add_backend_argument(parser)
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     parser.set_defaults(run=run)
 
@@ -93,10 +94,15 @@ def run(args: argparse.Namespace) -> int:
     (out / "train_config.json").write_text(
         json.dumps({"target": args.target, **vars(args) | {"run": None}}, indent=1) + "\n"
     )
-    models = load_models(args.target, None, args.dtype, max_length=args.max_length)
+    # --backend ggml records on llama.cpp's kernels; the cost model then measures that backend's
+    # verify curve (or reads it from a --profile taken there)
+    models = load_models(
+        args.target, None, args.dtype, max_length=args.max_length, backend=args.model_backend
+    )
     target = models.target
     tree = {"tree_depth": shape.max_depth, "tree_topk": shape.topk}
-    drafter = make_drafter("eagle", models, eagle_head=args.eagle_head, **tree)
+    head = {} if args.eagle_head is None else {"eagle_head": args.eagle_head}
+    drafter = make_drafter("eagle", models, **head, **tree)
     encoded = [(pid, encode_prompt(target.tokenizer, text)) for pid, text in prompts]
     encoded = [(pid, ids) for pid, ids in encoded if len(ids) <= args.max_prompt_tokens]
     print(f"replay logs: {len(encoded)} training prompts × {args.new_tokens} positions",

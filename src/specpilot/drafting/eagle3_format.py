@@ -26,8 +26,9 @@ copied from the target, and `tie_word_embeddings` is false (the draft LM head is
 
 Which engines run a head: a bias-free head (`train-eagle --no-qkv-bias`) suits vLLM, SGLang and
 llama.cpp; a head with a q/k/v bias (Qwen targets, by default) runs in vLLM
-(`attention_bias: true`) only: SGLang's Llama layer drops the bias and llama.cpp's EAGLE3
-converter expects no bias tensors.
+(`attention_bias: true`) only: SGLang's Llama layer drops the bias and llama.cpp's EAGLE3 model
+loads no bias tensors. llama.cpp 0.3.36 also needs a target whose graph records layer inputs
+(Llama, Qwen3; not Qwen2): bench.llama_cpp_eagle3 has where it refuses.
 """
 
 from __future__ import annotations

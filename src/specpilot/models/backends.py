@@ -7,8 +7,8 @@ the target is a GGUF (a .gguf file or an offline model) on the CPU, llama-cpp-py
 installed, and the method runs on those forwards: plain decoding, prompt lookup, a draft model's
 chains or first-token trees (the draft on ggml too), the eagle drafter's chains and dynamic
 trees (its head in torch, reading the target's taps and its GGUF's embedding rows) and the
-draft-length policies, the goodput controller and tree-goodput (eagle's trees) included. DVI,
-the draft model's dynamic trees, a reduced draft vocabulary, LTD and SV (whose companions are
+draft-length policies, the goodput controller, tree-goodput and LTD (eagle's trees) included.
+DVI, the draft model's dynamic trees, a reduced draft vocabulary and SV (whose companions are
 early exits or torch models) stay on torch.
 """
 
@@ -21,7 +21,9 @@ from specpilot.models.ggml.library import available
 from specpilot.models.offline import OFFLINE_MODELS
 
 GGML_DRAFTERS = ("none", "model", "ngram", "eagle")
-GGML_POLICIES = ("constant", "heuristic", "svip", "goodput", "tree-goodput")
+GGML_POLICIES = ("constant", "heuristic", "svip", "goodput", "tree-goodput", "ltd")
+TREE_POLICIES = ("tree-goodput", "ltd")
+"""Policies that always shape dynamic trees."""
 TREE_DRAFTERS = ("eagle",)
 """The drafters whose dynamic trees (`tree_topk` > 1, and tree-goodput's sizing) run on ggml:
 eagle's trees grow in its torch head; the draft model's need its lean decoder's tree-masked
@@ -39,7 +41,7 @@ def runs_on_ggml(
         return False
     if any(options.get(key) is not None for key in TORCH_ONLY_OPTIONS):
         return False
-    dynamic = policy == "tree-goodput" or int(options.get("tree_topk") or 1) > 1
+    dynamic = policy in TREE_POLICIES or int(options.get("tree_topk") or 1) > 1
     return drafter in TREE_DRAFTERS or not dynamic
 
 

@@ -22,6 +22,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from specpilot.bench.hindsight import hindsight_rate
 from specpilot.config import require
 from specpilot.policies.ltd import argmax, depth_observation, size_observation
 from specpilot.training.ltd.config import REWARDS
@@ -189,46 +190,41 @@ def replay_throughput(log: ReplayLog, cost: CostModel, chooser: Chooser) -> dict
     }
 
 
+def plain_throughput(log: ReplayLog, cost: CostModel) -> float:
+    """Replay tokens/s of plain decoding over `log`'s positions: one one-token forward each."""
+    return 1000 * len(log) / sum(cost.verify(1, int(c)) for c in log.context_len)
+
+
 def hindsight_throughput(
-    log: ReplayLog, cost: CostModel, depths: Sequence[int], sizes: Sequence[int]
+    log: ReplayLog,
+    cost: CostModel,
+    depths: Sequence[int],
+    sizes: Sequence[int],
+    skip: bool = False,
 ) -> dict:
     """The best replay tokens/s that any chooser of (depth, V) among `depths` × `sizes` could
     reach on `log`, knowing each cycle's outcome beforehand: the ceiling on what a learned
     chooser with these choices can gain over the best static one (replay_throughput's output,
-    for that trajectory). The ratio Σ tokens / Σ ms over the decoding trajectories is maximised
-    by Dinkelbach's iteration: at a rate λ, a backward pass over each prompt's positions finds
-    the trajectory maximising Σ (tokens − λ·ms); λ becomes its rate until it stops rising."""
+    for that trajectory). `skip`: a cycle may also draft nothing (depth 0, V 0: a plain
+    one-token step), the ceiling of a chooser that may stop speculating where it loses
+    (bench.hindsight)."""
     shape = log.shape
     choices = sorted({(d, min(v, shape.candidates(d))) for d in depths for v in sizes})
+    choices = [(0, 0)] * skip + choices
     depth_of = np.array([d for d, _ in choices])
     size_of = np.array([v for _, v in choices])
-    ranks = log.path_ranks[:, depth_of - 1, :]  # [positions, choices, path node]
+    ranks = log.path_ranks[:, np.maximum(depth_of - 1, 0), :]  # [positions, choices, path node]
     tokens = (ranks < size_of[None, :, None]).sum(axis=-1) + 1
     contexts = [int(c) for c in log.context_len]
+
+    def cycle_ms(depth: int, size: int, context: int) -> float:
+        return cost.cycle_ms(depth, size, context) if depth else cost.verify(1, context)
+
     ms_by_context = {
-        context: [cost.cycle_ms(d, v, context) for d, v in choices] for context in set(contexts)
+        context: [cycle_ms(d, v, context) for d, v in choices] for context in set(contexts)
     }
     ms = np.array([ms_by_context[context] for context in contexts])
-    starts = np.flatnonzero(np.r_[True, log.prompt[1:] != log.prompt[:-1]])
-    ends = np.r_[starts[1:], len(log)]
-    rate, best = 0.0, None
-    for _ in range(100):
-        value = tokens - rate * ms
-        chosen = np.zeros(len(log), dtype=np.int64)
-        for start, end in zip(starts, ends, strict=True):
-            future = np.zeros(end - start + 1 + tokens.max())  # 0 past the prompt's last position
-            for p in range(end - 1, start - 1, -1):
-                total = value[p] + future[p - start + tokens[p]]
-                chosen[p] = int(np.argmax(total))
-                future[p - start] = total[chosen[p]]
-        bounds = zip(starts, ends, strict=True)
-        steps = np.concatenate([_trajectory(start, end, tokens, chosen) for start, end in bounds])
-        picks = chosen[steps]
-        found = float(tokens[steps, picks].sum() / ms[steps, picks].sum())
-        if best is not None and found <= rate * (1 + 1e-12):
-            break
-        rate, best = found, (steps, picks)
-    steps, picks = best
+    rate, steps, picks = hindsight_rate(tokens, ms, log.prompt)
     cycles = len(steps)
     return {
         "tokens_per_s": 1000 * rate,
@@ -237,15 +233,6 @@ def hindsight_throughput(
         "accepted": float((tokens[steps, picks] - 1).mean()),
         "cycles": cycles,
     }
-
-
-def _trajectory(start: int, end: int, tokens: np.ndarray, chosen: np.ndarray) -> np.ndarray:
-    """The positions decoding visits from `start` when each takes its `chosen` choice."""
-    steps, p = [], start
-    while p < end:
-        steps.append(p)
-        p += int(tokens[p, chosen[p]])
-    return np.array(steps, dtype=np.int64)
 
 
 def static_grid(log: ReplayLog, cost: CostModel, sizes=(*range(1, 33), 48, 60, 80, 120)):
