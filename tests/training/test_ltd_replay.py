@@ -185,7 +185,9 @@ def test_hindsight_throughput_bounds_every_chooser(log):
     skip = hindsight_throughput(log, cost, depths, sizes, skip=True)["tokens_per_s"]
     plain = plain_throughput(log, cost)
     assert skip >= max(plain, bound["tokens_per_s"]) * (1 - 1e-9)
-    assert hindsight_throughput(log, cost, [], [], skip=True)["tokens_per_s"] == pytest.approx(plain)
+    assert hindsight_throughput(log, cost, [], [], skip=True)["tokens_per_s"] == pytest.approx(
+        plain
+    )
 
 
 def test_policy_folder_round_trip_and_errors(tmp_path):
@@ -212,6 +214,21 @@ def test_policy_folder_round_trip_and_errors(tmp_path):
 def test_committed_policies_load_for_their_target(target):
     nets = LtdNets.load(resolve_policies(None, target))
     assert nets.target == target and nets.depth is not None and nets.size is not None
+
+
+def test_a_backend_gets_its_own_committed_policies_where_they_exist():
+    """The 1.5B has policies trained on the ggml backend's costs (narrower trees); torch, and a
+    target without ggml ones, get the torch policies; a given folder is used as it is."""
+    target = "qwen2.5-coder-1.5b-instruct"
+    torch_folder = resolve_policies(None, target)
+    ggml_folder = resolve_policies(None, target, "ggml")
+    assert (
+        ggml_folder == torch_folder / "ggml"
+        and resolve_policies(None, target, "torch") == torch_folder
+    )
+    assert LtdNets.load(ggml_folder).shape.topk < LtdNets.load(torch_folder).shape.topk
+    assert resolve_policies(None, "smollm2-135m-instruct", "ggml").name == "smollm2-135m-instruct"
+    assert resolve_policies(torch_folder, None, "ggml") == torch_folder
 
 
 def test_trainer_resumes_an_interrupted_stage(log, tmp_path):

@@ -61,7 +61,8 @@ def answer_runs(models, records, max_new_tokens: int) -> list[np.ndarray]:
         logits = draft.runner.run_batch([prompt + answer[:-1]], [0], logits="all")[0].logits
         predicted = logits[len(prompt) - 1 :].argmax(dim=-1).numpy()
         runs.append(runs_of(predicted == np.array(answer)))
-        print(f"{record.question_id}: {len(answer)} tokens, mean run {runs[-1].mean():.2f}", file=sys.stderr)
+        mean = runs[-1].mean()
+        print(f"{record.question_id}: {len(answer)} tokens, mean run {mean:.2f}", file=sys.stderr)
     return runs
 
 
@@ -96,7 +97,8 @@ def main() -> int:
     tokens = np.minimum(run[:, None], ks[None, :]) + 1  # [position, k]
     ms = np.broadcast_to(ks * draft_ms + np.array(verify[1:]), tokens.shape)
     gamma = SV_GAMMA_MAX
-    sv_ms = np.broadcast_to(gamma * draft_ms + np.array(verify[1 : gamma + 2]), (len(run), gamma + 1))
+    sv_ms = gamma * draft_ms + np.array(verify[1 : gamma + 2])
+    sv_ms = np.broadcast_to(sv_ms, (len(run), gamma + 1))
     rows = {"plain": rate_of(tokens[:, :1], ms[:, :1], answer)}
     for k in range(1, args.max_k + 1):
         rows[f"constant k={k}"] = rate_of(tokens[:, k : k + 1], ms[:, k : k + 1], answer)

@@ -100,12 +100,13 @@ def ltd(
     check_every: int = 1,
 ) -> Parts:
     """LTD's learned tree policies from `ltd_policies` (a `train-ltd --out` folder or its
-    policies/ folder; default: the ones committed for the target); `use` both, depth or size;
-    the depth policy consulted every `check_every` levels."""
+    policies/ folder; default: the ones committed for the target and its backend); `use` both,
+    depth or size; the depth policy consulted every `check_every` levels."""
     from specpilot.policies.ltd import LtdPolicy
     from specpilot.policies.ltd_net import LtdNets, resolve_policies
 
-    nets = LtdNets.load(resolve_policies(ltd_policies, models.target.name))
+    backend = models.target.runner.backend
+    nets = LtdNets.load(resolve_policies(ltd_policies, models.target.name, backend))
     policy = LtdPolicy(nets, use, check_every)
     return Parts(drafts(policy), policy)
 

@@ -161,7 +161,19 @@ def hidden_widths(net: nn.Sequential) -> list[int]:
     return [m.out_features for m in linears[:-1]]
 
 
-def resolve_policies(path: str | Path | None, target_name: str | None) -> Path:
+BACKEND_POLICIES = ("ggml",)
+"""Backends with policies of their own, committed in a subfolder of the target's: trained on
+that backend's cost curve (`train-ltd --backend`), whose verify costs differ from torch's."""
+
+
+def resolve_policies(
+    path: str | Path | None, target_name: str | None, backend: str | None = None
+) -> Path:
     """A policy folder: `path` itself, the `policies/` of a train-ltd output folder, or (no path)
-    the policies committed for `target_name`."""
-    return resolve_artefact(POLICIES, path, str(target_name))
+    the policies committed for `target_name`: on a backend of BACKEND_POLICIES its own where
+    committed, else the torch ones."""
+    folder = resolve_artefact(POLICIES, path, str(target_name))
+    own = folder / str(backend)
+    if path is None and backend in BACKEND_POLICIES and (own / POLICIES.config_file).is_file():
+        return own
+    return folder

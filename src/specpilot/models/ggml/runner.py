@@ -94,7 +94,8 @@ class GgmlRunner:
     def enable_taps(self) -> None:
         """Let forwards tap hidden states (`run_batch`'s `tap_layers`): the context is created
         again with the eval callback, so the cache is emptied. Done once, by a feature drafter
-        when it is built; every later forward pays the callback's per-node call (taps module)."""
+        when it is built; later forwards call it per graph node, at no measurable cost (taps
+        module)."""
         if self._taps is None:
             self._taps = LayerTaps(self._llama)
             self._llama.llama_free(self._context)
