@@ -2,9 +2,8 @@
 in the test): the ggml runner's taps, embedding rows and rotary tables equal the torch runner's
 on the same weights (chain and tree forwards); eagle chains and dynamic trees (constant, sized
 by tree-goodput, shaped by LTD's policies) keep plain ggml greedy decoding's output, batch rows
-equal single runs;
-sampled output follows the target's distribution (chi-square), and the same test rejects a tree
-verifier that accepts every node."""
+equal single runs; sampled output follows the target's distribution (chi-square; LTD-shaped trees
+too), and the same test rejects a tree verifier that accepts every node."""
 
 from __future__ import annotations
 
@@ -43,6 +42,7 @@ MAX_NEW = 30
 CONFIGS = {"chain": dict(depth=4, topk=1, nodes=1), "tree": dict(depth=4, topk=3, nodes=8)}
 LAYERS = (1, 2, 3)
 TREE = (-1, 0, 0, 1, 2, 2)  # a root's two children, each with children
+LTD_SHAPE = LtdShape(topk=3, max_depth=6, size_step=2, size_actions=8)
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +64,13 @@ def head(model):
 def plain_outputs(model, path):
     engine = SpeculativeEngine(ggml_runner(model, path), TinyTokenizer(), eos_ids=set())
     return [engine.generate(p, GenerationConfig(max_new_tokens=MAX_NEW)).token_ids for p in PROMPTS]
+
+
+def ltd_engine(model, path, head, batch_size=1):
+    """Eagle trees shaped by small random LTD policies whose decisions vary (ltd_fixtures)."""
+    tree = dict(depth=LTD_SHAPE.max_depth, topk=LTD_SHAPE.topk, nodes=8)
+    policy = LtdPolicy(tiny_nets(LTD_SHAPE))
+    return eagle_engine(model, path, head, policy, batch_size=batch_size, **tree)
 
 
 def eagle_engine(model, path, head, policy=None, batch_size=1, **options):
@@ -153,10 +160,7 @@ def test_greedy_identity_with_goodput_sized_trees(model, path, head, plain_outpu
 
 @pytest.mark.parametrize("batch_size", [1, len(PROMPTS)])
 def test_greedy_identity_with_ltd_shaped_trees(model, path, head, plain_outputs, batch_size):
-    shape = LtdShape(topk=3, max_depth=6, size_step=2, size_actions=8)
-    policy = LtdPolicy(tiny_nets(shape))
-    tree = dict(depth=shape.max_depth, topk=shape.topk, nodes=8)
-    engine = eagle_engine(model, path, head, policy, batch_size=batch_size, **tree)
+    engine = ltd_engine(model, path, head, batch_size)
     config = GenerationConfig(max_new_tokens=MAX_NEW)
     if batch_size > 1:
         assert [r.token_ids for r in engine.generate_batch(PROMPTS, config)] == plain_outputs
@@ -191,6 +195,14 @@ def test_sampled_output_follows_target(small, name):
     target, path, head = small
     sampling = SAMPLINGS[1]
     engine = eagle_engine(target, path, head, **dict(CONFIGS[name], depth=2))
+    expected = exact_joint_distribution(target, sampling)
+    assert chi_square_pvalue(engine, expected, sampling) > 1e-3
+
+
+def test_sampled_output_with_ltd_shaped_trees_follows_target(small):
+    target, path, head = small
+    sampling = SAMPLINGS[1]
+    engine = ltd_engine(target, path, head)
     expected = exact_joint_distribution(target, sampling)
     assert chi_square_pvalue(engine, expected, sampling) > 1e-3
 
