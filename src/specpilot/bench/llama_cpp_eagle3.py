@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from specpilot.bench.llama_server import BUILD_HINT, LLAMA_CPP_VERSION
+from specpilot.bench.llama_server import BUILD_HINT, LLAMA_CPP_VERSION, build_root
 from specpilot.errors import ConfigError
 
 METHOD = "llama-cpp:spec=eagle3"
@@ -41,10 +41,8 @@ CONVERTER_NEEDS = "sentencepiece>=0.1.98,<0.3.0"
 
 def vendored_source() -> Path:
     """The llama.cpp tree scripts/build_llama_cpp.sh unpacks (the converter and gguf-py)."""
-    from specpilot.models.offline import cache_root
-
-    root = cache_root() / "llama.cpp" / LLAMA_CPP_VERSION / "src"
-    return root / f"llama_cpp_python-{LLAMA_CPP_VERSION}" / "vendor" / "llama.cpp"
+    source = build_root() / "src" / f"llama_cpp_python-{LLAMA_CPP_VERSION}"
+    return source / "vendor" / "llama.cpp"
 
 
 def refusals(shape) -> list[str]:

@@ -25,12 +25,17 @@ LLAMA_CPP_VERSION = "0.3.36"
 BUILD_HINT = "bash scripts/build_llama_cpp.sh"
 
 
-def binary_dir() -> Path:
-    """$SPECPILOT_LLAMA_CPP_BIN, else where scripts/build_llama_cpp.sh puts the binaries."""
+def build_root() -> Path:
+    """Where scripts/build_llama_cpp.sh unpacks the source (src/) and puts the binaries (bin/)."""
     from specpilot.models.offline import cache_root
 
+    return cache_root() / "llama.cpp" / LLAMA_CPP_VERSION
+
+
+def binary_dir() -> Path:
+    """$SPECPILOT_LLAMA_CPP_BIN, else where scripts/build_llama_cpp.sh puts the binaries."""
     env = os.environ.get("SPECPILOT_LLAMA_CPP_BIN")
-    return Path(env) if env else cache_root() / "llama.cpp" / LLAMA_CPP_VERSION / "bin"
+    return Path(env) if env else build_root() / "bin"
 
 
 def find_binary(name: str = "llama-server") -> Path | None:
