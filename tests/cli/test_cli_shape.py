@@ -151,13 +151,15 @@ def test_without_a_policy_the_goodput_controller_decides(tmp_path, models):
     add_model_arguments(parser, max_new_tokens=8)
     add_method_arguments(parser)
     eagle = ["--drafter", "eagle"]
+    model = ["--drafter", "model"]
     # The eagle tree's default lookup branch (methods.defaults.default_drafter_options): bf16,
     # one sequence; the spec resolves its default from the target's dtype on the CPU (None: not
     # on the CPU) and batch.
     f32, bf16 = torch.float32, torch.bfloat16
     for argv, dtype, batch, policy, lookup in [
-        ([], f32, 1, "goodput", None),
-        (["--k", "2"], f32, 1, "constant", None),
+        ([], f32, 1, "tree-goodput", None),  # the default target has an eagle head
+        (model, f32, 1, "goodput", None),
+        ([*model, "--k", "2"], f32, 1, "constant", None),
         (["--drafter", "ngram"], f32, 1, "constant", None),
         (eagle, f32, 1, "tree-goodput", None),
         ([*eagle, "--k", "3"], f32, 1, "constant", None),

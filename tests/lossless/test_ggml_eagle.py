@@ -1,9 +1,10 @@
 """The eagle drafter with its target on the ggml backend (llama.cpp over float32 GGUF files written
 in the test): the ggml runner's taps, embedding rows and rotary tables equal the torch runner's
 on the same weights (chain and tree forwards); eagle chains and dynamic trees (constant, sized
-by tree-goodput, shaped by LTD's policies) keep plain ggml greedy decoding's output, batch rows
-equal single runs; sampled output follows the target's distribution (chi-square; LTD-shaped trees
-too), and the same test rejects a tree verifier that accepts every node."""
+by tree-goodput, shaped by LTD's policies, budgeted row by row as the goodput controller does)
+keep plain ggml greedy decoding's output, batch rows equal single runs; sampled output follows
+the target's distribution (chi-square; LTD-shaped trees too), and the same test rejects a tree
+verifier that accepts every node."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from test_engine_sampling import (  # noqa: E402
     chi_square_pvalue,
     exact_joint_distribution,
 )
+from test_goodput import ScriptedPlanner  # noqa: E402
 from tiny import TinyTokenizer, tiny_model  # noqa: E402
 
 import specpilot.engine.speculative as speculative  # noqa: E402
@@ -73,12 +75,14 @@ def ltd_engine(model, path, head, batch_size=1):
     return eagle_engine(model, path, head, policy, batch_size=batch_size, **tree)
 
 
-def eagle_engine(model, path, head, policy=None, batch_size=1, **options):
+def eagle_engine(model, path, head, policy=None, batch_size=1, planner=None, **options):
     runner = ggml_runner(model, path, batch_size=batch_size)
     inputs = HeadInputs.of_gguf(runner, model.config)
     drafter = EagleDrafter(runner, head, inputs=inputs, **options)
     policy = policy or ConstantPolicy(options["depth"])
-    return SpeculativeEngine(runner, TinyTokenizer(), drafter, policy, eos_ids=set())
+    return SpeculativeEngine(
+        runner, TinyTokenizer(), drafter, policy, eos_ids=set(), planner=planner
+    )
 
 
 def test_taps_equal_the_torch_runners(model, path):
@@ -179,6 +183,21 @@ def test_batch_rows_equal_single_runs(model, path, head, plain_outputs, name):
     engine = eagle_engine(model, path, head, batch_size=len(PROMPTS), **CONFIGS[name])
     results = engine.generate_batch(PROMPTS, GenerationConfig(max_new_tokens=MAX_NEW))
     assert [r.token_ids for r in results] == plain_outputs
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_rows_budgeted_apart_keep_plain_greedy(model, path, head, plain_outputs, name):
+    """The goodput controller's shape on ggml (eagle's default there): in one batch some rows
+    draft their cap, some one token, some nothing, and some steps draft nothing at all."""
+    planner = ScriptedPlanner()
+    engine = eagle_engine(
+        model, path, head, batch_size=len(PROMPTS), planner=planner, **CONFIGS[name]
+    )
+    results = engine.generate_batch(PROMPTS, GenerationConfig(max_new_tokens=MAX_NEW))
+    assert [r.token_ids for r in results] == plain_outputs
+    drafted = [record.num_drafted for r in results for record in r.stats.records]
+    assert 0 in drafted and max(drafted) > 1
+    assert sum(r.stats.accepted for r in results) > 0
 
 
 # -- sampling ----------------------------------------------------------------------------------

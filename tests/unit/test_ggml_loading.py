@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 pytest.importorskip("llama_cpp")
@@ -12,7 +14,8 @@ from gguf_fixtures import EXACT, write_tiny_qwen2_gguf  # noqa: E402
 from tiny import tiny_model  # noqa: E402
 
 from specpilot.cli import main  # noqa: E402
-from specpilot.drafting.eagle_head import EagleHead, EagleShape  # noqa: E402
+from specpilot.drafting.eagle_head import HEADS, EagleHead, EagleShape  # noqa: E402
+from specpilot.methods.defaults import default_drafter  # noqa: E402
 from specpilot.models import load_model  # noqa: E402
 from specpilot.models.backends import choose_backend, runs_on_ggml  # noqa: E402
 from specpilot.models.decoder import DecoderRunner  # noqa: E402
@@ -95,6 +98,24 @@ def test_generate_with_eagle_on_ggml_gives_plain_decodings_text(gguf, tmp_path, 
         outputs.append(capsys.readouterr().out)
     assert outputs[0] == outputs[1] == outputs[2] and outputs[0].strip()
     assert not (tmp_path / "cache" / "models").exists()  # no torch conversion: auto ran ggml
+
+
+def test_a_head_installed_for_the_target_drafts_by_default(gguf, capsys):
+    """With no --drafter, a target with a head (here installed in the cache, as import-head does)
+    decodes with the eagle drafter under the goodput controller on ggml; the JSON says so, and
+    the text is plain decoding's."""
+    _, path = gguf
+    loaded = load_model(str(path), backend="ggml", ggml=EXACT, max_length=128)
+    config, runner = loaded.config, loaded.runner
+    shape = EagleShape.for_config(config, runner.vocab_size, loaded.tokenizer, True, (1, 2))
+    argv = ["generate", "--target", str(path), "--prompt", "ab!", "--max-new-tokens", "12"]
+    assert default_drafter(str(path)) == "model"  # no head yet: the draft model's default
+    EagleHead(shape, torch.arange(shape.draft_vocab_size)).save(HEADS.installed(str(path)))
+    assert main([*argv, "--json"]) == 0
+    default = json.loads(capsys.readouterr().out)
+    assert default["method"] == "sd:drafter=eagle,policy=goodput"
+    assert main([*argv, "--json", "--drafter", "none"]) == 0
+    assert json.loads(capsys.readouterr().out)["token_ids"] == default["token_ids"]
 
 
 def test_a_method_that_needs_torch_is_refused_on_ggml(gguf, capsys):

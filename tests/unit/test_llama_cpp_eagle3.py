@@ -115,7 +115,7 @@ def test_missing_converter_or_sentencepiece(tmp_path, monkeypatch):
 
 def _real_setup() -> tuple[Path, Path] | None:
     from specpilot.bench.llama_server import find_binary
-    from specpilot.models.offline import cache_root
+    from specpilot.files import cache_root
 
     target_gguf = cache_root() / "gguf" / f"{SMOL}.gguf"
     target_dir = cache_root() / "models" / SMOL

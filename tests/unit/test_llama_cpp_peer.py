@@ -171,7 +171,7 @@ def test_server_that_exits_reports_its_log(tmp_path):
 
 
 def _real_gguf() -> Path | None:
-    from specpilot.models.offline import cache_root
+    from specpilot.files import cache_root
 
     for name in ("smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct"):
         path = cache_root() / "gguf" / f"{name}.gguf"

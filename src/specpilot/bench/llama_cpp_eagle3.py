@@ -80,7 +80,7 @@ def draft_gguf(head_option: str | None, target_name: str, target_dir: Path) -> P
     committed head) for the target `target_name` whose HF config and tokenizer are in
     `target_dir`; converted on first use, a ConfigError when llama.cpp cannot run it."""
     from specpilot.drafting.eagle_head import EagleHead, resolve_head
-    from specpilot.models.offline import cache_root
+    from specpilot.files import cache_root
 
     folder = resolve_head(head_option, target_name)
     head = EagleHead.load(folder)

@@ -84,7 +84,8 @@ def skip_line(text: str) -> str | None:
 
 def gguf_path(model_name: str) -> Path:
     """The GGUF a loaded model came from: a .gguf path, or an offline model's assembled file."""
-    from specpilot.models.offline import OFFLINE_MODELS, cache_root
+    from specpilot.files import cache_root
+    from specpilot.models.offline import OFFLINE_MODELS
 
     if model_name in OFFLINE_MODELS:
         path = cache_root() / "gguf" / f"{model_name}.gguf"

@@ -27,7 +27,7 @@ BUILD_HINT = "bash scripts/build_llama_cpp.sh"
 
 def build_root() -> Path:
     """Where scripts/build_llama_cpp.sh unpacks the source (src/) and puts the binaries (bin/)."""
-    from specpilot.models.offline import cache_root
+    from specpilot.files import cache_root
 
     return cache_root() / "llama.cpp" / LLAMA_CPP_VERSION
 

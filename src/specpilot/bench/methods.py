@@ -31,6 +31,7 @@ from specpilot.config import GenerationConfig
 from specpilot.engine import GenerationStats
 from specpilot.errors import ConfigError
 from specpilot.methods import MethodSpec
+from specpilot.methods.defaults import DEFAULT_TARGET
 from specpilot.methods.spec import ENGINE_METHODS
 from specpilot.models.chat import encode_prompt, eos_token_ids
 from specpilot.models.hf_adapter import generate_options
@@ -67,13 +68,15 @@ def split_method(text: str) -> tuple[str, dict[str, str]]:
     return kind, options
 
 
-def parse_method(text: str) -> BenchMethod:
+def parse_method(text: str, target: str = DEFAULT_TARGET) -> BenchMethod:
+    """A bench method string; `default` and `sd` without a drafter draft as `target`'s default
+    (methods.defaults.default_drafter)."""
     kind, options = split_method(text)
     if kind not in METHOD_KINDS:
         raise ConfigError(
             f"unknown method {kind!r} in {text!r}; choose from {', '.join(METHOD_KINDS)}"
         )
-    spec = MethodSpec.parse(text) if kind in ENGINE_METHODS else None
+    spec = MethodSpec.parse(text, target) if kind in ENGINE_METHODS else None
     return BenchMethod(text, kind, options, spec)
 
 

@@ -18,14 +18,19 @@ from specpilot.bench.report import machine_info, memory_bandwidth_gbs
 from specpilot.bench.resume import RunLog, runs_path
 from specpilot.config import GenerationConfig, require
 from specpilot.errors import ConfigError
+from specpilot.methods.build import resolved_for
+from specpilot.methods.defaults import DEFAULT_TARGET
 from specpilot.prompts import PromptRecord, read_prompts_file
 
 
-def bench_methods(texts: list[str], batch_size: int = 1) -> list[BenchMethod]:
+def bench_methods(
+    texts: list[str], batch_size: int = 1, target: str = DEFAULT_TARGET
+) -> list[BenchMethod]:
     """The baseline first, then `texts` (default: sd, plus transformers' assisted generation when
-    decoding one prompt at a time, the only way it runs)."""
+    decoding one prompt at a time, the only way it runs), drafting as `target`'s default where
+    they name no drafter."""
     texts = texts or (["sd", "hf-assisted"] if batch_size == 1 else ["sd"])
-    specs = [parse_method(BASELINE)] + [parse_method(t) for t in texts if t != BASELINE]
+    specs = [parse_method(t, target) for t in [BASELINE, *(t for t in texts if t != BASELINE)]]
     specs = [s for s in specs if s.kind != "llama-cpp" or not _skipped(s.text)]
     hf_specs = [s.text for s in specs if s.kind.startswith("hf")]
     if batch_size > 1 and hf_specs:
@@ -144,6 +149,7 @@ def run_bench(
             "seed": settings.seed,
             "max_turns": settings.max_turns,
             "methods": [s.text for s in specs],
+            "resolved": {s.text: str(resolved_for(s.spec, models)) for s in specs if s.spec},
         },
     }
 

@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     settings = BenchSettings(
         tuple(args.prompts), args.limit, args.seed, args.max_turns, args.repeats, args.batch_size
     )
-    specs = bench_methods(args.method, args.batch_size)
+    specs = bench_methods(args.method, args.batch_size, args.target)
     config = generation_config(args)
     if not args.prompts:
         raise ConfigError(

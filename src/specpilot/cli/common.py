@@ -15,13 +15,13 @@ from specpilot.methods import DRAFTERS, POLICIES, MethodSpec
 from specpilot.methods.defaults import (
     DEFAULT_DEPTH,
     DEFAULT_DRAFT,
-    DEFAULT_DRAFTER,
     DEFAULT_K,
     DEFAULT_NODES,
     DEFAULT_TARGET,
     DEFAULT_TOPK,
     DVI_SPLIT,
     EAGLE_BF16_LOOKUP,
+    default_drafter,
 )
 from specpilot.models.backends import choose_backend
 from specpilot.models.loading import BACKENDS, resolve_dtype
@@ -87,7 +87,10 @@ def _method_on_ggml(args: argparse.Namespace) -> bool:
 def add_method_arguments(parser: argparse.ArgumentParser) -> None:
     """Which drafter and policies decode (see `method_spec`)."""
     parser.add_argument(
-        "--drafter", choices=DRAFTERS, default=DEFAULT_DRAFTER, help="none = plain decoding"
+        "--drafter",
+        choices=DRAFTERS,
+        help="none = plain decoding (default: eagle where the target has a head, committed or "
+        "installed by import-head, else model: the --draft model)",
     )
     parser.add_argument(
         "--draft-vocab",
@@ -106,7 +109,8 @@ def add_method_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--policy",
         choices=sorted(POLICIES),
-        help="default: goodput with --drafter model, else constant (and with --k)",
+        help="default: what measured best for the drafter, backend and batch size "
+        "(methods.defaults.default_policy); constant with --k",
     )
     parser.add_argument(
         "--k",
@@ -201,7 +205,7 @@ def method_spec(args: argparse.Namespace, learn: bool = False) -> MethodSpec:
         options[key] = value
     if learn:
         options["learn"] = True
-    return MethodSpec.of(args.drafter, args.policy, **options)
+    return MethodSpec.of(args.drafter or default_drafter(args.target), args.policy, **options)
 
 
 def engine_builder(args: argparse.Namespace, learn: bool = False):
@@ -257,6 +261,14 @@ def add_answer_generation_flags(parser: argparse.ArgumentParser) -> None:
     """How the drafter trainers have the target answer their training prompts."""
     parser.add_argument("--gen-batch-size", type=int, default=16, help="prompts decoded together")
     parser.add_argument(
+        "--gen-backend",
+        choices=("auto", "torch", "ggml"),
+        default="auto",
+        help="where the target answers: ggml (llama.cpp over its GGUF as stored, loaded beside "
+        "the torch copy that computes the features) or torch; auto: ggml for a GGUF target on "
+        "the CPU where llama-cpp-python is installed",
+    )
+    parser.add_argument(
         "--gen-max-new-tokens", type=int, default=384, help="longest answer generated"
     )
     parser.add_argument(
@@ -266,6 +278,17 @@ def add_answer_generation_flags(parser: argparse.ArgumentParser) -> None:
         help="sample the target's answers at this temperature (0: greedy); each prompt has its "
         "own seed, so a resumed run samples the same answers",
     )
+
+
+def answering_model(args: argparse.Namespace):
+    """The copy of --target that answers the training prompts on --gen-backend (None: the torch
+    target the trainer loaded answers them)."""
+    if choose_backend(args.gen_backend, args.target, "cpu", True) != "ggml":
+        return None
+    return load_models(
+        args.target, None, max_length=args.max_length, batch_size=args.gen_batch_size,
+        backend="ggml",
+    ).target  # fmt: skip
 
 
 def add_feature_cache_flag(parser: argparse.ArgumentParser) -> None:

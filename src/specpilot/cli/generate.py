@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
             on_turn_end=None if streamer is None else streamer.end_turn,
         )
         for record, results in zip(group, answers, strict=True):
-            print_answer(args, record, results, streamed=streamer is not None)
+            print_answer(args, record, results, engine.method, streamed=streamer is not None)
     summary = getattr(engine.drafter, "summary", None)
     learned = None if summary is None else summary()
     if learned:
@@ -111,8 +111,9 @@ def summary_line(stats: GenerationStats) -> str:
     )
 
 
-def print_answer(args, record: PromptRecord, results: list, streamed: bool) -> None:
-    """One conversation's answers: a JSON line, or the text (unless streamed) and a summary."""
+def print_answer(args, record: PromptRecord, results: list, method: str, streamed: bool) -> None:
+    """One conversation's answers: a JSON line (with the `method` that decoded, its drafter and
+    policy resolved), or the text (unless streamed) and a summary."""
     stats = GenerationStats.combined([r.stats for r in results])
     if args.json:
         last = results[-1]
@@ -122,6 +123,7 @@ def print_answer(args, record: PromptRecord, results: list, streamed: bool) -> N
             "token_ids": last.token_ids,
             "finish_reason": last.finish_reason,
             "turns": [r.text for r in results],
+            "method": method,
             "stats": stats.summary(),
         }
         print(json.dumps(document), flush=True)

@@ -10,7 +10,7 @@ import argparse
 from specpilot.api import DEFAULT_TARGET, load_models
 from specpilot.cli.export_head import DTYPES
 from specpilot.drafting.eagle3_format import import_eagle3
-from specpilot.drafting.eagle_head import EagleShape
+from specpilot.drafting.eagle_head import HEADS, EagleShape
 from specpilot.models.loading import resolve_dtype
 
 
@@ -18,7 +18,11 @@ def register(commands) -> None:
     parser = commands.add_parser("import-head", help="import a public EAGLE-3 head for a target")
     parser.add_argument("folder", help="the EAGLE-3 head (config.json, model.safetensors)")
     parser.add_argument("--target", default=DEFAULT_TARGET, help="the model the head drafts for")
-    parser.add_argument("--out", required=True, help="folder for the specpilot head")
+    parser.add_argument(
+        "--out",
+        help="folder for the specpilot head (default: install it in the cache as --target's "
+        "head, which then drafts by default where no head is committed for it)",
+    )
     parser.add_argument("--dtype", choices=DTYPES, default="bfloat16", help="weights' dtype")
     parser.set_defaults(run=run)
 
@@ -28,6 +32,7 @@ def run(args: argparse.Namespace) -> int:
     shape = EagleShape.for_target(target.runner, target.tokenizer)
     config = target.config.to_dict()
     head = import_eagle3(args.folder, shape, config, target.runner.embed)
-    head.save(args.out, resolve_dtype(args.dtype))
-    print(args.out)
+    out = args.out or HEADS.installed(args.target)
+    head.save(out, resolve_dtype(args.dtype))
+    print(out)
     return 0

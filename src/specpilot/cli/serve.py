@@ -93,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
     api_key = resolve_api_key(args.api_key)
     require(args.max_queue >= 0, f"--max-queue must be >= 0, got {args.max_queue}")
     require(0 <= args.port <= 65535, f"--port must be in 0..65535, got {args.port}")
+    method = ""  # the engine's drafter and policy, resolved
     if args.model_backend == "hf-generate":
         backend = hf_generate_worker(args)
     else:
@@ -103,11 +104,13 @@ def run(args: argparse.Namespace) -> int:
             f"--prefill-chunk must be >= 1 token, got {args.prefill_chunk}",
         )
         draft, build = engine_builder(args)
-        backend = EngineWorker(build(load_from_args(args, draft, size)), args.prefill_chunk)
+        engine = build(load_from_args(args, draft, size))
+        backend, method = EngineWorker(engine, args.prefill_chunk), f" ({engine.method})"
     name = args.model_name or args.target
     app = create_app(backend, name, defaults, args.max_queue, api_key=api_key)
     guarded = " (API key required)" if api_key else ""
-    print(f"serving {name!r} on http://{args.host}:{args.port}/v1{guarded}", file=sys.stderr)
+    where = f"http://{args.host}:{args.port}/v1"
+    print(f"serving {name!r}{method} on {where}{guarded}", file=sys.stderr)
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="info"))
     worker = app.state.worker
 

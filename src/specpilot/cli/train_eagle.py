@@ -17,6 +17,7 @@ from specpilot.api import load_models
 from specpilot.cli.common import (
     add_answer_generation_flags,
     add_feature_cache_flag,
+    answering_model,
     dataclass_defaults,
 )
 from specpilot.drafting.eagle_head import EagleHead, EagleShape, resolve_head
@@ -152,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
     write_run_config(out, {"target": args.target, **vars(args) | {"run": None}})
     samples = collect_samples(
         target, data, args.regenerate, args.reference, out / "data", config.max_seq_tokens,
-        progress=not args.quiet,
+        progress=not args.quiet, answerer=answering_model(args) if args.regenerate else None,
     )  # fmt: skip
     train_eagle(
         target, samples, out, config, shape, progress=not args.quiet, init=init,

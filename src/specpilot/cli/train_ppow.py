@@ -16,6 +16,7 @@ from specpilot.api import load_models
 from specpilot.cli.common import (
     add_answer_generation_flags,
     add_feature_cache_flag,
+    answering_model,
     dataclass_defaults,
 )
 from specpilot.drafting.eagle_head import EagleHead, EagleShape, resolve_head
@@ -204,9 +205,11 @@ def run(args: argparse.Namespace) -> int:
         batch_size=args.gen_batch_size,
         temperature=args.gen_temperature,
     )
+    answered = _answered(args.responses)
+    answerer = answering_model(args) if answered is None and args.regenerate else None
     samples = collect_samples(
         target, data, args.regenerate, args.reference, out / "data", config.max_seq_tokens,
-        not args.quiet, _answered(args.responses),
+        not args.quiet, answered, answerer,
     )  # fmt: skip
     if args.baseline == "distill":
         continued_distillation(

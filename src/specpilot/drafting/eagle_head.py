@@ -48,8 +48,15 @@ FORMAT_VERSION = 1
 OWN_CHOICES = ("draft_vocab_size", "feature_layers", "intermediate_size", "attention_bias")
 """EagleShape fields a head chooses; every other field must equal its target's."""
 HEADS = ArtefactKind(
-    "eagle head", COMMITTED_HEADS, CONFIG_FILE, "head", "eagle_head", "train-eagle"
+    "eagle head", COMMITTED_HEADS, CONFIG_FILE, "head", "eagle_head", "train-eagle", "heads"
 )
+"""Eagle heads: committed per offline target, or installed in the cache by `import-head`."""
+
+
+def has_head(target_name: str) -> bool:
+    """Whether `target_name` has a head to draft with when none is named (committed, or installed
+    in the cache): where it has, the eagle drafter is the default (methods.defaults)."""
+    return HEADS.default_folder(target_name) is not None
 
 
 @dataclass(frozen=True)
@@ -356,7 +363,7 @@ class EagleHead(nn.Module):
 def resolve_head(path: str | Path | None, target_name: str) -> Path:
     """A head folder: `path` itself, the `head/` of a train-eagle/train-ppow output folder, a
     committed head's name (`ppow` → heads/<target>-ppow, a fine-tuned head committed beside the
-    target's own), or (no path) the head committed for `target_name`."""
+    target's own), or (no path) the head committed or installed for `target_name`."""
     if path is not None and not Path(path).expanduser().exists() and _is_name(path):
         committed = []
         if _is_name(target_name):  # an offline name (a target loaded from a path has none)

@@ -62,7 +62,10 @@ class SpeculativeEngine:
     the decoding (profiling, logging), so tools need not wrap the target or the policies.
 
     `planner`: an optional BatchPlanner that turns the rows' budgets into each step's final
-    budgets from the whole batch (the goodput controller); it observes each step's timings."""
+    budgets from the whole batch (the goodput controller); it observes each step's timings.
+
+    `method`: what built it, as a method string with its drafter and policy resolved
+    (methods.MethodSpec), for reports ("" when built by hand)."""
 
     def __init__(
         self,
@@ -73,8 +76,10 @@ class SpeculativeEngine:
         verify_policy: VerifyPolicy | None = None,
         eos_ids: frozenset[int] | set[int] | None = None,
         planner: BatchPlanner | None = None,
+        method: str = "",
     ):
         self.target = target
+        self.method = method
         self.tokenizer = tokenizer
         self.drafter = drafter
         self.draft_policy = draft_policy or ConstantPolicy()

@@ -13,6 +13,15 @@ from specpilot.models.pair import ModelPair
 from specpilot.policies import VerifyPolicy
 
 
+def resolved_for(spec: MethodSpec, models: ModelPair, fixed_length: bool = False) -> MethodSpec:
+    """`spec` with its policy named for the loaded target: its dtype (on the CPU), batch size and
+    backend (MethodSpec.resolved; `fixed_length`: a caller's verify policy fixes the length)."""
+    runner = models.target.runner
+    on_cpu = runner.device.type == "cpu"
+    dtype = runner.dtype if on_cpu else None
+    return spec.resolved(dtype, runner.batch_size, fixed_length, runner.backend)
+
+
 def engine_for(
     spec: MethodSpec, models: ModelPair, verify_policy: VerifyPolicy | None = None
 ) -> SpeculativeEngine:
@@ -21,13 +30,7 @@ def engine_for(
     every drafted token), which fixes the draft length like a `k` does."""
     target = models.target
     runner = target.runner
-    on_cpu = runner.device.type == "cpu"
-    spec = spec.resolved(
-        runner.dtype if on_cpu else None,
-        runner.batch_size,
-        verify_policy is not None,
-        runner.backend,
-    )
+    spec = resolved_for(spec, models, verify_policy is not None)
     if runner.backend == "ggml" and not spec.runs_on_ggml:
         raise ConfigError(
             f"{spec} reads the target's hidden states or torch weights, which the ggml backend "
@@ -56,4 +59,5 @@ def engine_for(
         verify_policy=verify_policy if parts.verify_policy is None else parts.verify_policy,
         eos_ids=eos_token_ids(target.tokenizer, target.path),
         planner=parts.planner,
+        method=str(spec),
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from specpilot.drafting.eagle_head import has_head
 from specpilot.policies import ConstantPolicy
 
 # The trees' levels, frontier width and verified tokens are defined with the tree.
@@ -12,8 +13,8 @@ from specpilot.tree import DEFAULT_DEPTH, DEFAULT_NODES, DEFAULT_TOPK  # noqa: F
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
-DEFAULT_DRAFTER = "model"
-"""The drafter `generate`, `serve`, the bench's `default` and `build_engine` use unnamed."""
+HEADLESS_DRAFTER = "model"
+"""The default drafter of a target with no eagle head (`default_drafter`)."""
 DEFAULT_K = ConstantPolicy().k
 """Constant k's draft length where the drafter has no natural one (a tree's depth)."""
 SV_GAMMA_MAX = 5
@@ -24,6 +25,16 @@ EAGLE_BF16_LOOKUP = 7
 """The prompt-lookup branch an eagle tree verifies by default (`default_drafter_options`)."""
 DVI_SPLIT = 2
 """DVI's split: the target's first 2 layers draft (the DVI paper's split, §4.1)."""
+
+
+def default_drafter(target: str) -> str:
+    """The drafter `generate`, `serve`, the bench's `default` and `build_engine` use unnamed: the
+    eagle head where `target` has one (committed, or installed in the cache by `import-head`),
+    else the draft model. The head drafts for ~0.2 of a target step (bf16 EPYC, ggml) and needs
+    no second model to load, prefill and keep in step; with its default policy it ran 2.14x plain
+    decoding on the bf16 EPYC where the draft model's sd:k=2 ran 1.31x (BENCHMARKS §4), and on
+    the ggml backend it drafts only where that pays (`default_policy`)."""
+    return "eagle" if has_head(target) else HEADLESS_DRAFTER
 
 
 def default_policy(
@@ -42,10 +53,10 @@ def default_policy(
     costs ~1.5 plain steps, and the constant 8-node tree ran at 1.04x plain decoding (1.5B) and
     0.79x (SmolLM2) where sizing each step's tree on the measured curve ran at 1.52x and 1.01x
     (BENCHMARKS §8.9, §8.10); it learns a one-sequence curve, so batches keep the constant tree.
-    The ggml backend's runner reports float32 (its logits), so eagle there gets tree-goodput too:
-    its verify curve is steeper still (9 tokens ~6 one-token steps for the 1.5B on the 2-core
-    EPYC), and on 2 held-out prompts tree-goodput ran at 0.73x plain ggml decoding where the
-    constant 8-node tree ran at 0.12x (one run on a loaded host, 2026-12-06).
+    For eagle on the ggml `backend`, at every batch size, the goodput controller: there verifying
+    2 tokens costs 1.8-1.9 one-token steps, so no tree pays (hindsight ceiling of the best static
+    tree 0.74x plain, BENCHMARKS §0.1) and the controller, which may draft nothing, ran at
+    ≈ plain decoding where tree-goodput ran at 0.69x (§0, §0.1).
     For prompt lookup decoding one sequence on the ggml `backend`, the goodput controller too:
     there verifying 4 tokens costs 2.8 plain steps and constant k = 3 ran at 0.64x plain decoding
     where the controller ran at 0.97x (BENCHMARKS.md §0; batches were not measured).
@@ -56,6 +67,8 @@ def default_policy(
     if fixed_length:
         return "constant"
     if drafter == "model":
+        return "goodput"
+    if drafter == "eagle" and backend == "ggml":
         return "goodput"
     if drafter == "eagle" and dtype == torch.float32 and batch == 1:
         return "tree-goodput"

@@ -68,7 +68,10 @@ def model_drafter(
     EAGLE-2 trees of `tree_nodes` tokens; `draft_vocab` N scores only the first N ids (or the N
     most frequent in `draft_vocab_corpus`)."""
     if models.draft is None:
-        raise ConfigError("the model drafter needs a draft model (draft=NAME)")
+        raise ConfigError(
+            "the model drafter needs a draft model: pass --draft NAME, or draft=NAME to "
+            "load_models (the default draft loads only for targets without an eagle head)"
+        )
     vocabulary = _vocabulary(models.draft, draft_vocab, draft_vocab_corpus)
     return ModelDrafter(models.draft.runner, vocabulary, branches, tree_topk, tree_nodes)
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from specpilot.files import cache_root
 from specpilot.methods.defaults import GOODPUT_MAX_K
 from specpilot.methods.sv import sv_verify_policy
-from specpilot.models.offline import cache_root
 from specpilot.models.pair import ModelPair
 from specpilot.policies.controller import GoodputController, GoodputPolicy
 from specpilot.policies.latency import VerifyLatency

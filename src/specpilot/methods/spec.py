@@ -3,7 +3,8 @@
 One spec comes from CLI flags (cli.common.method_spec), from bench method strings
 (`MethodSpec.parse("sd:drafter=eagle,tree_depth=4")`) and from API keywords
 (`MethodSpec.of("eagle", tree_depth=4)`); each option has one name everywhere: the CLI flag's,
-with underscores. A spec with no policy runs the default for where it runs
+with underscores. A spec names its drafter (callers that leave it to the target ask
+defaults.default_drafter); a spec with no policy runs the default for where it runs
 (defaults.default_policy), resolved from the loaded target (`resolved`)."""
 
 from __future__ import annotations
@@ -15,7 +16,12 @@ from typing import Any
 import torch
 
 from specpilot.errors import ConfigError
-from specpilot.methods.defaults import DEFAULT_DRAFTER, default_drafter_options, default_policy
+from specpilot.methods.defaults import (
+    DEFAULT_TARGET,
+    default_drafter,
+    default_drafter_options,
+    default_policy,
+)
 from specpilot.methods.drafters import DRAFTERS, drafter_entry
 from specpilot.methods.options import convert_all
 from specpilot.methods.policies import POLICIES, policy_entry
@@ -28,7 +34,7 @@ decoding) and `sd[:drafter=NAME,policy=NAME,<options>]`."""
 
 @dataclass(frozen=True)
 class MethodSpec:
-    drafter: str = DEFAULT_DRAFTER
+    drafter: str
     policy: str | None = None
     """None: defaults.default_policy's choice for the loaded target (see `resolved`)."""
     options: tuple[tuple[str, Any], ...] = ()
@@ -49,14 +55,14 @@ class MethodSpec:
             policy_entry(*policies).check(**self.policy_options)
 
     @classmethod
-    def of(cls, drafter: str = DEFAULT_DRAFTER, policy: str | None = None, **options: Any):
+    def of(cls, drafter: str, policy: str | None = None, **options: Any):
         """A spec from API keywords, e.g. MethodSpec.of("eagle", "constant", tree_depth=4)."""
         return cls(drafter, policy, tuple(options.items()))
 
     @classmethod
-    def parse(cls, text: str) -> MethodSpec:
+    def parse(cls, text: str, target: str = DEFAULT_TARGET) -> MethodSpec:
         """A spec from a bench method string: `default`, `ar`, or `sd` with `key=value` options
-        (`drafter`, `policy` and the options of both)."""
+        (`drafter`, `policy` and the options of both); no drafter: `target`'s default."""
         kind, _, rest = text.partition(":")
         if kind not in ENGINE_METHODS:
             raise ConfigError(
@@ -72,7 +78,8 @@ class MethodSpec:
             raise ConfigError(f"method {kind!r} takes no options, got {text!r}")
         if kind == "ar":
             return cls("none", "constant", (("k", 1),))
-        return cls(options.pop("drafter", DEFAULT_DRAFTER), options.pop("policy", None), options)
+        drafter = options.pop("drafter", None) or default_drafter(target)
+        return cls(drafter, options.pop("policy", None), options)
 
     def resolved(
         self,

@@ -165,7 +165,7 @@ def _machine_key(weight: torch.Tensor, max_rows: int) -> str:
 def plan_for(weight: torch.Tensor, max_rows: int = MAX_ROWS) -> GemmPlan | None:
     """The plan for products with `weight` on this machine: from the disk cache, else measured
     and cached; None off the CPU, for weights under MIN_BYTES, or when SPECPILOT_GEMM_PLAN=0."""
-    from specpilot.models.offline import cache_root
+    from specpilot.files import cache_root
 
     if weight.device.type != "cpu" or os.environ.get("SPECPILOT_GEMM_PLAN") == "0":
         return None

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specpilot.errors import ModelLoadError
+from specpilot.files import cache_root
 
 GGUF_MAGIC = b"GGUF"
 _COPY_CHUNK = 8 << 20
@@ -99,12 +100,6 @@ OFFLINE_MODELS: dict[str, OfflineModel] = {
 
 
 # -- cache paths ------------------------------------------------------------------------------
-def cache_root() -> Path:
-    """Cache folder: $SPECPILOT_CACHE, else ~/.cache/specpilot (read on every call, for tests)."""
-    env = os.environ.get("SPECPILOT_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "specpilot"
-
-
 def _get(name: str) -> OfflineModel:
     """The registry entry, or a ModelLoadError listing the names that exist."""
     try:

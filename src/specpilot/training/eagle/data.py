@@ -262,15 +262,18 @@ def collect_samples(
     max_tokens: int,
     progress: bool = True,
     answered: list[Sample] | None = None,
+    answerer=None,
 ) -> list[Sample]:
     """The training sequences of a run: the training-set reference answers (`reference`, cheap)
     followed by the target's answers to `regenerate` prompts, generated into `folder`
-    (resumable), or the `answered` ones another run generated. The target's own answers come
-    last, so a held-out slice taken from the end is the target's."""
+    (resumable) by `answerer` (a loaded copy of the target on a faster backend; default: `target`
+    itself), or the `answered` ones another run generated. The target's own answers come last,
+    so a held-out slice taken from the end is the target's."""
     regenerated = answered or []
     if answered is None and regenerate > 0:
+        model = answerer or target
         engine = SpeculativeEngine(
-            target.runner, target.tokenizer, eos_ids=eos_token_ids(target.tokenizer, target.path)
+            model.runner, model.tokenizer, eos_ids=eos_token_ids(model.tokenizer, model.path)
         )
         options = DataOptions(**{**vars(data), "max_prompts": regenerate})
         print(f"data: the target answers {regenerate} training prompts", file=sys.stderr)
