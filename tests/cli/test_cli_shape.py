@@ -163,12 +163,12 @@ def test_without_a_policy_the_goodput_controller_decides(tmp_path, models):
         (["--drafter", "ngram"], f32, 1, "constant", None),
         (eagle, f32, 1, "tree-goodput", None),
         ([*eagle, "--k", "3"], f32, 1, "constant", None),
-        (eagle, f32, 4, "constant", None),
+        (eagle, f32, 4, "goodput", None),
         (eagle, bf16, 1, "constant", 7),
         ([*eagle, "--eagle-lookup", "0"], bf16, 1, "constant", 0),
         ([*eagle, "--policy", "constant"], bf16, 1, "constant", None),
         ([*eagle, "--k", "3"], bf16, 1, "constant", None),
-        (eagle, bf16, 4, "constant", None),
+        (eagle, bf16, 4, "goodput", None),
         (eagle, None, 1, "constant", None),
     ]:
         spec = method_spec(parser.parse_args(argv)).resolved(dtype, batch)

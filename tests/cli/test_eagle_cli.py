@@ -14,6 +14,7 @@ from tiny import save_tiny
 from specpilot.api import build_engine, load_models
 from specpilot.cli import main
 from specpilot.policies import ConstantPolicy
+from specpilot.policies.controller import GoodputPolicy
 from specpilot.policies.tree_goodput import TreeGoodputPolicy
 
 DTYPE = ["--dtype", "float32", "--max-length", "128"]
@@ -79,14 +80,17 @@ def test_train_then_generate_equals_plain(trained, target, capsys):
 
 def test_the_api_sizes_float32_trees_by_goodput_at_batch_1(trained, target):
     """build_engine's default policy for eagle follows the loaded target (methods.defaults.
-    default_policy): tree-goodput for one sequence in float32 on the CPU, the constant tree for
-    batches."""
+    default_policy): tree-goodput for one sequence in float32 on the CPU, the goodput controller
+    for batches, the constant tree with a `k`."""
     out, _ = trained
-    for batch, policy in ((1, TreeGoodputPolicy), (2, ConstantPolicy)):
+    for batch, policy in ((1, TreeGoodputPolicy), (2, GoodputPolicy)):
         pair = load_models(str(target), None, "float32", "cpu", 128, batch)
         engine = build_engine(pair, "eagle", eagle_head=str(out))
         assert isinstance(engine.draft_policy, policy)
-    assert engine.draft_policy.k == engine.drafter.depth
+    assert engine.planner is not None
+    assert engine.method.startswith("sd:drafter=eagle,policy=goodput,eagle_head=")
+    engine = build_engine(pair, "eagle", eagle_head=str(out), k=3)
+    assert isinstance(engine.draft_policy, ConstantPolicy) and engine.draft_policy.k == 3
 
 
 def test_the_api_adds_a_lookup_branch_to_bf16_trees_of_one_sequence(trained, target):

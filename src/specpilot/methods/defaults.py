@@ -31,9 +31,10 @@ def default_drafter(target: str) -> str:
     """The drafter `generate`, `serve`, the bench's `default` and `build_engine` use unnamed: the
     eagle head where `target` has one (committed, or installed in the cache by `import-head`),
     else the draft model. The head drafts for ~0.2 of a target step (bf16 EPYC, ggml) and needs
-    no second model to load, prefill and keep in step; with its default policy it ran 2.14x plain
-    decoding on the bf16 EPYC where the draft model's sd:k=2 ran 1.31x (BENCHMARKS §4), and on
-    the ggml backend it drafts only where that pays (`default_policy`)."""
+    no second model to load, prefill and keep in step; with its default policy it ran 2.08x plain
+    decoding on the bf16 EPYC where the draft model under its own default ran 1.275x, and on the
+    ggml backend, where no drafter pays, 0.971x against the draft model's 0.973x (BENCHMARKS
+    §0.2; `default_policy`)."""
     return "eagle" if has_head(target) else HEADLESS_DRAFTER
 
 
@@ -52,23 +53,26 @@ def default_policy(
     where it is not on the CPU), `tree-goodput`: a float32 verify of the default tree's 9 tokens
     costs ~1.5 plain steps, and the constant 8-node tree ran at 1.04x plain decoding (1.5B) and
     0.79x (SmolLM2) where sizing each step's tree on the measured curve ran at 1.52x and 1.01x
-    (BENCHMARKS §8.9, §8.10); it learns a one-sequence curve, so batches keep the constant tree.
+    (BENCHMARKS §8.9, §8.10); it learns a one-sequence curve, so batches get the controller.
     For eagle on the ggml `backend`, at every batch size, the goodput controller: there verifying
     2 tokens costs 1.8-1.9 one-token steps, so no tree pays (hindsight ceiling of the best static
     tree 0.74x plain, BENCHMARKS §0.1) and the controller, which may draft nothing, ran at
-    ≈ plain decoding where tree-goodput ran at 0.69x (§0, §0.1).
+    ≈ plain decoding where tree-goodput ran at 0.69x (§0, §0.1). For eagle decoding a batch on
+    the CPU, the controller too: at batch 4 in bf16 (8 held-out AlpacaEval prompts, 48 tokens) the
+    constant tree ran at 0.77x plain decoding and the controller at 1.10x (§0.2).
     For prompt lookup decoding one sequence on the ggml `backend`, the goodput controller too:
     there verifying 4 tokens costs 2.8 plain steps and constant k = 3 ran at 0.64x plain decoding
     where the controller ran at 0.97x (BENCHMARKS.md §0; batches were not measured).
     Constant where the caller asks for a `fixed_length` (a `k`, or a verify policy of its own),
-    for bf16 eagle trees (measured best constant, §8.7) and for the other drafters, whose default
+    for bf16 eagle trees of one sequence (measured best constant, §8.7), eagle off the CPU (not
+    measured) and for the other drafters, whose default
     depths were measured constant (prompt lookup, DVI) and are not yet measured under the
     controller."""
     if fixed_length:
         return "constant"
     if drafter == "model":
         return "goodput"
-    if drafter == "eagle" and backend == "ggml":
+    if drafter == "eagle" and (backend == "ggml" or (dtype is not None and batch > 1)):
         return "goodput"
     if drafter == "eagle" and dtype == torch.float32 and batch == 1:
         return "tree-goodput"
