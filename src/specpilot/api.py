@@ -8,6 +8,7 @@ from specpilot.engine import SpeculativeEngine
 from specpilot.errors import ConfigError
 from specpilot.methods import MethodSpec, engine_for
 from specpilot.methods.defaults import DEFAULT_DRAFT, DEFAULT_TARGET, default_drafter
+from specpilot.methods.drafters import drafter_entry
 from specpilot.models import check_same_tokenizer, load_model
 from specpilot.models.pair import ModelPair
 from specpilot.policies import VerifyPolicy
@@ -34,7 +35,7 @@ def load_models(
     `SpeculativeEngine.generate_batch` may decode together; `backend`: see
     models.loading.load_model)."""
     if draft == AUTO_DRAFT:
-        draft = DEFAULT_DRAFT if default_drafter(target) == "model" else None
+        draft = DEFAULT_DRAFT if drafter_entry(default_drafter(target)).needs_draft else None
     options = dict(
         dtype=dtype, device=device, max_length=max_length, batch_size=batch_size, backend=backend
     )
