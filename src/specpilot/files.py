@@ -17,6 +17,12 @@ def cache_root() -> Path:
     return Path(env).expanduser() if env else Path.home() / ".cache" / "specpilot"
 
 
+def file_name(text: str) -> str:
+    """`text` as one file or folder name: characters other than letters, digits, "-", "_" and
+    "." become "_" (a model path or hub id names a cache entry)."""
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in text)
+
+
 def replace_folder(tmp: Path, folder: Path) -> None:
     """Move a finished temp folder to `folder`, replacing an older one (rename is atomic)."""
     if folder.exists():
@@ -52,8 +58,7 @@ class ArtefactKind:
         """The cache folder an artefact installed for `target_name` lives in."""
         if self.cache_subfolder is None:
             raise ValueError(f"{self.what}s are not installed in the cache")
-        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in str(target_name))
-        return cache_root() / self.cache_subfolder / safe.strip("._")
+        return cache_root() / self.cache_subfolder / file_name(str(target_name).strip("/"))
 
     def default_folder(self, target_name: str) -> Path | None:
         """The folder used when none is named: the one committed for `target_name`, else the one

@@ -80,7 +80,7 @@ def draft_gguf(head_option: str | None, target_name: str, target_dir: Path) -> P
     committed head) for the target `target_name` whose HF config and tokenizer are in
     `target_dir`; converted on first use, a ConfigError when llama.cpp cannot run it."""
     from specpilot.drafting.eagle_head import EagleHead, resolve_head
-    from specpilot.files import cache_root
+    from specpilot.files import cache_root, file_name
 
     folder = resolve_head(head_option, target_name)
     head = EagleHead.load(folder)
@@ -89,7 +89,7 @@ def draft_gguf(head_option: str | None, target_name: str, target_dir: Path) -> P
         raise ConfigError(
             f"{METHOD}: llama.cpp {LLAMA_CPP_VERSION} cannot run {folder}: " + "; ".join(reasons)
         )
-    safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in Path(target_name).name)
+    safe = file_name(Path(target_name).name)
     out = cache_root() / "eagle3-gguf" / f"{safe}-{head_key(folder, target_name)}.gguf"
     if not out.is_file():
         convert(head, target_dir, out)

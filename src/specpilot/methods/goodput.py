@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from specpilot.files import cache_root
+from specpilot.files import cache_root, file_name
 from specpilot.methods.defaults import GOODPUT_MAX_K
 from specpilot.methods.sv import sv_verify_policy
 from specpilot.models.pair import ModelPair
@@ -51,7 +51,7 @@ def profile_cache_path(target: str, dtype, backend: str = "torch") -> Path:
     """Where `specpilot profile` keeps a copy of its last profile of this target, dtype and
     backend: the goodput controller starts from its latency curve. The ggml backend's file is its
     own: its curve is another (steep where bf16 torch's is flat)."""
-    name = "".join(c if c.isalnum() or c in "-_." else "_" for c in target.strip("/"))
+    name = file_name(target.strip("/"))
     kind = "ggml" if backend == "ggml" else str(dtype).removeprefix("torch.")
     return cache_root() / "profiles" / f"{name}-{kind}.json"
 
