@@ -14,7 +14,12 @@ from tiny import TinyTokenizer, perturbed, save_tiny, tiny_model
 
 from specpilot import cli
 from specpilot.api import build_engine, load_models
-from specpilot.cli.common import add_method_arguments, add_model_arguments, method_spec
+from specpilot.cli.common import (
+    add_method_arguments,
+    add_model_arguments,
+    answering_model,
+    method_spec,
+)
 from specpilot.config import GenerationConfig
 from specpilot.drafting import ModelDrafter
 from specpilot.drafting.dvi_learning import DviTrainConfig
@@ -173,3 +178,11 @@ def test_without_a_policy_the_goodput_controller_decides(tmp_path, models):
     ]:
         spec = method_spec(parser.parse_args(argv)).resolved(dtype, batch)
         assert (spec.policy, spec.option("eagle_lookup")) == (policy, lookup), argv
+
+
+def test_the_trainers_answer_on_the_bf16_torch_target_when_it_is_one():
+    """--gen-backend auto: the bf16 torch target answers (measured fastest), as does an explicit
+    torch; nothing else is loaded for them."""
+    for backend, dtype in (("auto", "bfloat16"), ("torch", "float32"), ("torch", "bfloat16")):
+        args = argparse.Namespace(gen_backend=backend, dtype=dtype, target="nowhere/none.gguf")
+        assert answering_model(args) is None, (backend, dtype)

@@ -218,6 +218,20 @@ def test_sampled_output_follows_target(small, name):
     assert chi_square_pvalue(engine, expected, sampling) > 1e-3
 
 
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_sampled_output_under_budgets_follows_target(small, name):
+    """The goodput controller's shape under sampling: steps that draft the cap, one token or
+    nothing (ScriptedPlanner) keep the target's distribution."""
+    target, path, head = small
+    sampling = SAMPLINGS[1]
+    engine = eagle_engine(
+        target, path, head, planner=ScriptedPlanner(), **dict(CONFIGS[name], depth=2)
+    )
+    expected = exact_joint_distribution(target, sampling)
+    assert chi_square_pvalue(engine, expected, sampling) > 1e-3
+    assert {0, 1} <= {b for plan in engine.planner.plans for b in plan}
+
+
 def test_sampled_output_with_ltd_shaped_trees_follows_target(small):
     target, path, head = small
     sampling = SAMPLINGS[1]

@@ -7,6 +7,7 @@ import csv
 import dataclasses
 import json
 import math
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -20,6 +21,7 @@ from specpilot.errors import ConfigError
 from specpilot.models.decoder import DecoderRunner
 from specpilot.models.loading import cpu_has_native_bf16
 from specpilot.training.eagle.data import (
+    HELD_OUT,
     RESPONSES_FILE,
     DataOptions,
     Sample,
@@ -36,6 +38,48 @@ from specpilot.training.eagle.trainer import LOG_FILE, EagleTrainConfig, train_e
 def test_benchmark_sets_are_refused():
     with pytest.raises(ConfigError, match="benchmark set"):
         DataOptions(sources=("gsm8k_train.jsonl", "gsm8k_test.jsonl"))
+
+
+def test_held_out_alpaca_prompts_are_never_trained_on(tmp_path):
+    """The held-out batch prompts (docs/bench/heldout_alpaca_32.jsonl) are AlpacaEval rows: the
+    training prompts and reference answers leave exactly those rows out."""
+    held_file = Path(__file__).parents[2] / "docs/bench/heldout_alpaca_32.jsonl"
+    held = {json.loads(line)["question_id"] for line in held_file.read_text().splitlines()}
+    assert {f"alpaca:{i}" for i in HELD_OUT["alpaca_sample"]} == held
+    rows = [{"id": i, "instruction": "w5 w6", "input": "", "output": "w7"} for i in (772, 773, 804)]
+    (tmp_path / "alpaca_sample.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    options = DataOptions(data_dir=str(tmp_path), sources=("alpaca_sample.jsonl",))
+    assert [pid for pid, _ in training_prompts(options)] == ["alpaca_sample:772"]
+    samples = reference_samples(_chat_tokenizer(), options, max_tokens=64)
+    assert [s.id for s in samples] == ["alpaca_sample:772:ref"]
+
+
+def test_sharegpt_later_turns_follow_the_first_turns_with_their_context(tmp_path):
+    """Each later user turn of a ShareGPT conversation is a prompt of its own, after every
+    conversation's first turn: the conversation so far, the dataset's replies as context."""
+
+    def turns(*texts):
+        return [{"from": ("human", "gpt")[i % 2], "value": t} for i, t in enumerate(texts)]
+
+    rows = [
+        {"id": "c1", "conversations": turns("q1", "a1", "q2", "a2", "q3", "a3")},
+        {"id": "c2", "conversations": turns("p1", "b1")},
+    ]
+    (tmp_path / "sharegpt_sample.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    options = DataOptions(data_dir=str(tmp_path), sources=("sharegpt_sample.jsonl",))
+    prompts = training_prompts(options)
+    assert [pid for pid, _ in prompts] == [
+        "sharegpt_sample:c1",
+        "sharegpt_sample:c2",
+        "sharegpt_sample:c1:turn2",
+        "sharegpt_sample:c1:turn3",
+    ]
+    assert prompts[0][1] == "q1"
+    roles = ("user", "assistant", "user", "assistant", "user")
+    texts = ("q1", "a1", "q2", "a2", "q3")
+    assert prompts[3][1] == [
+        {"role": role, "content": text} for role, text in zip(roles, texts, strict=True)
+    ]
 
 
 def test_torn_last_line_is_skipped(tmp_path):

@@ -30,12 +30,15 @@ from tqdm import tqdm
 from specpilot.config import GenerationConfig, SamplingConfig, require
 from specpilot.engine import SpeculativeEngine
 from specpilot.errors import ConfigError
-from specpilot.models.chat import encode_prompt, eos_token_ids
+from specpilot.models.chat import Messages, encode_prompt, eos_token_ids
 from specpilot.prompts import read_jsonl, read_prompts_file
 
 TRAIN_SOURCES = ("sharegpt_sample.jsonl", "alpaca_sample.jsonl", "gsm8k_train.jsonl")
 """Training prompt files in ../shared/data (interleaved, so any prefix of a run mixes them)."""
 BENCHMARK_SOURCES = frozenset({"mt_bench_question.jsonl", "humaneval.jsonl", "gsm8k_test.jsonl"})
+HELD_OUT = {"alpaca_sample": frozenset(str(i) for i in range(773, 805))}
+"""Rows of a training file that are benchmark prompts all the same, never trained on: the last
+32 AlpacaEval instructions are the held-out batch prompts (docs/bench/heldout_alpaca_32.jsonl)."""
 RESPONSES_FILE = "responses.jsonl"
 
 
@@ -62,7 +65,7 @@ class DataOptions:
     """Leading prompts of that order left out: a later run answers new prompts, not those an
     earlier run answered (and the head it trained on them has learned)."""
     max_new_tokens: int = 384
-    max_prompt_tokens: int = 768
+    max_prompt_tokens: int = 1536
     """Longer prompts are skipped (not cut: a cut chat prompt is not a real request)."""
     batch_size: int = 16
     temperature: float = 0.0
@@ -86,9 +89,11 @@ class DataOptions:
         )
 
 
-def training_prompts(options: DataOptions) -> list[tuple[str, str]]:
-    """(id, user message) pairs, round-robin over the sources, at most `max_prompts` after the
-    first `skip`."""
+def training_prompts(options: DataOptions) -> list[tuple[str, str | Messages]]:
+    """(id, prompt) pairs, round-robin over the sources, at most `max_prompts` after the first
+    `skip` (the `HELD_OUT` rows left out). A prompt is a user message, or for a ShareGPT
+    conversation's later user turns (after all its first turns, id `ID:turnN`) the conversation
+    up to that turn, the dataset's own replies as the earlier assistant turns."""
     per_source = []
     for source in options.sources:
         path = Path(options.data_dir) / source
@@ -99,11 +104,34 @@ def training_prompts(options: DataOptions) -> list[tuple[str, str]]:
                 options=("data_dir",),
             )
         stem = Path(source).stem
-        per_source.append(
-            [(f"{stem}:{r.question_id}", r.turns[0]) for r in read_prompts_file(path)]
-        )
+        held_out = HELD_OUT.get(stem, frozenset())
+        prompts: list[tuple[str, str | Messages]] = [
+            (f"{stem}:{r.question_id}", r.turns[0])
+            for r in read_prompts_file(path)
+            if str(r.question_id) not in held_out
+        ]
+        for row in read_jsonl(path):
+            prompts += [
+                (f"{stem}:{row['id']}:turn{number}", messages)
+                for number, messages in _later_turns(row.get("conversations", []))
+            ]
+        per_source.append(prompts)
     mixed = [p for group in _round_robin(per_source) for p in group]
     return mixed[options.skip : options.skip + options.max_prompts]
+
+
+def _later_turns(conversation: list[dict]) -> Iterator[tuple[int, Messages]]:
+    """(turn number from 2, the messages up to that user turn) of a ShareGPT conversation."""
+    roles = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant"}
+    messages: Messages = []
+    for turn in conversation:
+        role = roles.get(turn.get("from"))
+        if role is None:
+            return
+        messages.append({"role": role, "content": turn.get("value", "")})
+        users = sum(m["role"] == "user" for m in messages)
+        if role == "user" and users >= 2:
+            yield users, list(messages)
 
 
 def _round_robin(lists: list[list]) -> Iterator[list]:
@@ -120,11 +148,13 @@ def reference_samples(tokenizer, options: DataOptions, max_tokens: int) -> list[
     for source in options.sources:
         path = Path(options.data_dir) / source
         stem = Path(source).stem
+        held_out = HELD_OUT.get(stem, frozenset())
         pairs = []
         for index, row in enumerate(read_jsonl(path)):
+            row_id = str(row.get("id", index))
             pair = _reference_pair(row)
-            if pair is not None:
-                pairs.append((f"{stem}:{row.get('id', index)}:ref", *pair))
+            if pair is not None and row_id not in held_out:
+                pairs.append((f"{stem}:{row_id}:ref", *pair))
         per_source.append(pairs)
     samples = []
     for sample_id, user, answer in (p for group in _round_robin(per_source) for p in group):

@@ -73,7 +73,9 @@ class EagleTrainConfig:
     """Training-time-test steps (EAGLE-3 trains >= 3 draft steps)."""
     step_decay: float = 0.8
     """Loss weight of step j: decay^(j − 1)."""
-    max_seq_tokens: int = 1024
+    max_seq_tokens: int = 2048
+    """Sequences are cut to this and longer prompts dropped: room for the longest prompt the
+    target answers (`DataOptions.max_prompt_tokens`, 1536) and an answer of 384 tokens."""
     valid_samples: int = 32
     """Held-out samples (the last ones of the data) scored for validation."""
     eval_every: int = 25
