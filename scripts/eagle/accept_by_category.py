@@ -1,12 +1,16 @@
 """Held-out acceptance of eagle heads per prompt category, teacher-forced (no decoding loop).
 
-The target answers the held-out prompts once (greedy, batched plain decoding; cached in OUT), then
+The target answers the held-out prompts once (greedy, batched plain decoding; kept in
+OUT/responses.jsonl, which `train-eagle --valid-responses OUT` then scores every head on), then
 each head is scored on those answers as the trainer's validation scores it: first-token agreement
-and the chain accepted length of its unrolled steps. With heads taken after more and more training
-positions this is issue 14's acceptance-vs-training-tokens curve per category.
+and the chain accepted length of its unrolled steps, per category and over all answers. With
+heads trained on more and more answers this is the acceptance-vs-data curve.
 
     python scripts/eagle/accept_by_category.py --out runs/accept14 \
         --head untrained --head runs/eagle-qwen15/head --head default
+    python scripts/eagle/accept_by_category.py --prompts docs/eagle/heldout_24.jsonl \
+        --prompts docs/bench/heldout_alpaca_32.jsonl --out docs/eagle/data/qwen15_heldout \
+        --head default
 """
 
 from __future__ import annotations
@@ -21,8 +25,11 @@ from specpilot.config import GenerationConfig
 from specpilot.drafting.eagle_head import EagleHead, EagleShape, resolve_head
 from specpilot.engine.speculative import SpeculativeEngine
 from specpilot.models.chat import encode_prompt, eos_token_ids
-from specpilot.training.eagle.data import Sample
+from specpilot.training.eagle.data import RESPONSES_FILE, Sample
 from specpilot.training.eagle.trainer import EagleTrainConfig, evaluate
+
+BATCH = 24
+"""Prompts answered together."""
 
 
 def answers(target, prompts: list[dict], path: Path, max_new_tokens: int) -> list[Sample]:
@@ -33,7 +40,10 @@ def answers(target, prompts: list[dict], path: Path, max_new_tokens: int) -> lis
         target.runner, target.tokenizer, eos_ids=eos_token_ids(target.tokenizer, target.path)
     )
     ids = [encode_prompt(target.tokenizer, p["turns"][0]) for p in prompts]
-    results = engine.generate_batch(ids, GenerationConfig(max_new_tokens=max_new_tokens))
+    results = []
+    for start in range(0, len(ids), BATCH):
+        config = GenerationConfig(max_new_tokens=max_new_tokens)
+        results += engine.generate_batch(ids[start : start + BATCH], config)
     samples = [
         Sample(f"{p['category']}/{p['question_id']}", prompt_ids, result.token_ids)
         for p, prompt_ids, result in zip(prompts, ids, results, strict=True)
@@ -45,7 +55,9 @@ def answers(target, prompts: list[dict], path: Path, max_new_tokens: int) -> lis
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
-    parser.add_argument("--prompts", default="docs/eagle/heldout_24.jsonl")
+    parser.add_argument(
+        "--prompts", action="append", help="held-out prompt files (default: heldout_24.jsonl)"
+    )
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument(
         "--head", action="append", required=True,
@@ -56,9 +68,13 @@ def main() -> None:
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    target = load_models(args.target, None, "auto", batch_size=24).target
-    prompts = [json.loads(line) for line in Path(args.prompts).read_text().splitlines()]
-    samples = answers(target, prompts, out / "answers.jsonl", args.max_new_tokens)
+    target = load_models(args.target, None, "auto", batch_size=BATCH).target
+    prompts = [
+        json.loads(line)
+        for path in args.prompts or ["docs/eagle/heldout_24.jsonl"]
+        for line in Path(path).read_text().splitlines()
+    ]
+    samples = answers(target, prompts, out / RESPONSES_FILE, args.max_new_tokens)
     by_category = defaultdict(list)
     for sample in samples:
         by_category[sample.id.split("/")[0]].append(sample)
@@ -74,7 +90,7 @@ def main() -> None:
             head = EagleHead.load(resolve_head(None if name == "default" else name, target.name),
                                   expected=expected)  # fmt: skip
         target_rows = target.runner.lm_head[head.draft_ids].contiguous()
-        for category, group in sorted(by_category.items()):
+        for category, group in [*sorted(by_category.items()), ("all", samples)]:
             scores = evaluate(head, target.runner, group, head.shape, config, target_rows)
             rows.append({"head": name, "category": category} | scores)
             print(json.dumps(rows[-1]), flush=True)

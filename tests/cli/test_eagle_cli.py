@@ -4,6 +4,7 @@ errors for missing, corrupt and mismatched heads."""
 
 from __future__ import annotations
 
+import csv
 import json
 import random
 
@@ -157,3 +158,22 @@ def test_init_continues_a_trained_head_on_more_data(trained, target, data_dir, t
     code, _, err = run_cli(capsys, *grown, "--init", out, "--draft-vocab", "64", *DTYPE)
     assert code == 2
     assert_one_line_error(err, "--init keeps the head's own shape")
+
+
+def test_valid_responses_score_the_head_on_a_fixed_held_out_set(trained, tmp_path, capsys):
+    """--valid-responses: the head is scored on those answers (all the data trains); a folder
+    without answers is refused before any model loads."""
+    out, argv = trained
+    held = tmp_path / "held"
+    held.mkdir()
+    answers = (out / "data" / "responses.jsonl").read_text().splitlines()
+    (held / "responses.jsonl").write_text("\n".join(answers[:2]) + "\n")
+    run = [*argv[:4], str(tmp_path / "fixed"), *argv[5:], "--eval-every", "1", *DTYPE]
+    assert main([*run, "--valid-responses", str(held)]) == 0
+    with (tmp_path / "fixed" / "train_log.csv").open() as log:
+        rows = list(csv.DictReader(log))
+    assert all(row["val_acc1"] for row in rows)
+    empty = [*argv[:4], str(tmp_path / "empty"), *argv[5:], *DTYPE]
+    code, _, err = run_cli(capsys, *empty, "--valid-responses", tmp_path / "none")
+    assert code == 2
+    assert_one_line_error(err, "--valid-responses")

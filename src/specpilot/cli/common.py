@@ -7,6 +7,7 @@ import argparse
 import sys
 from dataclasses import MISSING, fields
 from functools import partial
+from pathlib import Path
 
 import torch
 
@@ -27,6 +28,7 @@ from specpilot.methods.defaults import (
 )
 from specpilot.models.backends import choose_backend
 from specpilot.models.loading import BACKENDS, resolve_dtype
+from specpilot.training.eagle.data import RESPONSES_FILE, Sample, read_samples
 
 BATCH_HELP = "prompts decoded together (each row accepts its own number of tokens per step)"
 VOCAB_CORPUS_HELP = (
@@ -295,6 +297,21 @@ def answering_model(args: argparse.Namespace):
         args.target, None, max_length=args.max_length, batch_size=args.gen_batch_size,
         backend="ggml",
     ).target  # fmt: skip
+
+
+def answers_in(folder: str, flag: str, remedy: str) -> list[Sample]:
+    """The target's answers in `folder` (a responses folder, or a train-eagle/train-ppow --out
+    holding one in data/), given with `flag`; one error naming `remedy` where there are none."""
+    path = Path(folder)
+    if not (path / RESPONSES_FILE).is_file() and (path / "data" / RESPONSES_FILE).is_file():
+        path = path / "data"
+    samples = read_samples(path)
+    if not samples:
+        raise ConfigError(
+            f"{flag} {folder}: no answers ({RESPONSES_FILE}) in it: pass a train-eagle or "
+            f"train-ppow --out folder, or {remedy}"
+        )
+    return samples
 
 
 def add_feature_cache_flag(parser: argparse.ArgumentParser) -> None:

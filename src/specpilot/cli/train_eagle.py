@@ -18,12 +18,16 @@ from specpilot.cli.common import (
     add_answer_generation_flags,
     add_feature_cache_flag,
     answering_model,
+    answers_in,
     dataclass_defaults,
 )
 from specpilot.drafting.eagle_head import EagleHead, EagleShape, resolve_head
 from specpilot.errors import ConfigError
 from specpilot.methods.defaults import DEFAULT_TARGET
-from specpilot.training.eagle.data import DataOptions, collect_samples
+from specpilot.training.eagle.data import (
+    DataOptions,
+    collect_samples,
+)
 from specpilot.training.eagle.trainer import EagleTrainConfig, train_eagle, write_run_config
 
 DEFAULT_DATA_DIR = "../shared/data"
@@ -62,6 +66,13 @@ def register(commands) -> None:
         "--init continues), so the target answers new ones",
     )
     add_answer_generation_flags(parser)
+    parser.add_argument(
+        "--valid-responses",
+        metavar="DIR",
+        help="score the head on these held-out answers (a folder with a responses.jsonl, e.g. "
+        "the target's answers to the benchmark prompts, docs/eagle/data/qwen15_heldout) instead "
+        "of the last --valid-samples of the data, which then all trains",
+    )
     parser.add_argument(
         "--draft-vocab",
         type=int,
@@ -110,6 +121,10 @@ def register(commands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    valid = None  # the data's last answers
+    if args.valid_responses is not None:
+        remedy = "write the held-out answers with scripts/eagle/accept_by_category.py"
+        valid = answers_in(args.valid_responses, "--valid-responses", remedy)
     config = EagleTrainConfig(
         epochs=args.epochs,
         lr=args.lr,
@@ -157,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
     )  # fmt: skip
     train_eagle(
         target, samples, out, config, shape, progress=not args.quiet, init=init,
-        feature_cache=args.feature_cache,
+        feature_cache=args.feature_cache, valid=valid,
     )  # fmt: skip
     print(out / "head")
     return 0

@@ -17,12 +17,13 @@ from specpilot.cli.common import (
     add_answer_generation_flags,
     add_feature_cache_flag,
     answering_model,
+    answers_in,
     dataclass_defaults,
 )
 from specpilot.drafting.eagle_head import EagleHead, EagleShape, resolve_head
 from specpilot.errors import ConfigError
 from specpilot.methods.defaults import DEFAULT_TARGET
-from specpilot.training.eagle.data import RESPONSES_FILE, DataOptions, collect_samples, read_samples
+from specpilot.training.eagle.data import DataOptions, collect_samples
 from specpilot.training.eagle.trainer import EagleTrainConfig, write_run_config
 from specpilot.training.ppow import PpowConfig, continued_distillation, train_ppow
 from specpilot.training.ppow.config import (
@@ -205,7 +206,9 @@ def run(args: argparse.Namespace) -> int:
         batch_size=args.gen_batch_size,
         temperature=args.gen_temperature,
     )
-    answered = _answered(args.responses)
+    answered = None
+    if args.responses is not None:
+        answered = answers_in(args.responses, "--responses", "leave it out to generate them")
     answerer = answering_model(args) if answered is None and args.regenerate else None
     samples = collect_samples(
         target, data, args.regenerate, args.reference, out / "data", config.max_seq_tokens,
@@ -222,19 +225,3 @@ def run(args: argparse.Namespace) -> int:
         )  # fmt: skip
     print(out / "head")
     return 0
-
-
-def _answered(responses: str | None) -> list | None:
-    """The target's answers another run generated (--responses), None to generate them."""
-    if responses is None:
-        return None
-    folder = Path(responses)
-    if not (folder / RESPONSES_FILE).is_file() and (folder / "data" / RESPONSES_FILE).is_file():
-        folder = folder / "data"
-    samples = read_samples(folder)
-    if not samples:
-        raise ConfigError(
-            f"no answers ({RESPONSES_FILE}) in {responses}: pass a train-eagle or train-ppow "
-            "--out folder, or leave --responses out to generate them"
-        )
-    return samples

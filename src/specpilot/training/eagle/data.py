@@ -210,10 +210,15 @@ def _rows(path: Path) -> Iterator[dict]:
 
 
 def generate_responses(
-    engine: SpeculativeEngine, options: DataOptions, folder: str | Path, progress: bool = True
+    engine: SpeculativeEngine,
+    options: DataOptions,
+    folder: str | Path,
+    progress: bool = True,
+    prompts: list[tuple[str, str | Messages]] | None = None,
 ) -> list[Sample]:
-    """Answer every training prompt not yet in `folder` (batched, greedy or sampled at
-    `options.temperature`); return all samples."""
+    """Answer every prompt not yet in `folder` (batched, greedy or sampled at
+    `options.temperature`); return all samples. `prompts`: (id, prompt) pairs to answer instead
+    of the training prompts (e.g. held-out prompts whose answers only validate a head)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / RESPONSES_FILE
@@ -222,7 +227,7 @@ def generate_responses(
     _check_temperature(path, answered, options.temperature)
     done = {row["id"] for row in answered}
     todo = []
-    for prompt_id, text in training_prompts(options):
+    for prompt_id, text in training_prompts(options) if prompts is None else prompts:
         if prompt_id in done:
             continue
         ids = encode_prompt(engine.tokenizer, text)

@@ -156,16 +156,22 @@ def train_eagle(
     progress: bool = True,
     init: EagleHead | None = None,
     feature_cache: str | Path | None = None,
+    valid: list[Sample] | None = None,
 ) -> EagleHead:
     """Train (or resume) a head for the loaded `target` (a LoadedModel on the lean decoder).
     `init`: continue training this head (continued distillation) instead of starting from the
     target's top layer; `feature_cache`: a folder that keeps the target's features of each
-    sequence after its first prefill (feature_cache.py)."""
+    sequence after its first prefill (feature_cache.py); `valid`: held-out samples that score
+    the head, every sample then training (default: the last `config.valid_samples` of
+    `samples`; a fixed set lets heads trained on more data be compared)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     runner = target.runner
     require_cpu_target(runner)
-    train, valid = split_samples(samples, config.valid_samples, config.max_seq_tokens)
+    if valid is None:
+        train, valid = split_samples(samples, config.valid_samples, config.max_seq_tokens)
+    else:
+        train, _ = split_samples(samples, 0, config.max_seq_tokens)
     special = [*target.tokenizer.all_special_ids, *target.tokenizer.added_tokens_decoder]
     head, state = _start_or_resume(out, runner, train, shape, config, special, init)
     optimizer = torch.optim.AdamW(
