@@ -24,10 +24,7 @@ from specpilot.cli.common import (
 from specpilot.drafting.eagle_head import EagleHead, EagleShape, resolve_head
 from specpilot.errors import ConfigError
 from specpilot.methods.defaults import DEFAULT_TARGET
-from specpilot.training.eagle.data import (
-    DataOptions,
-    collect_samples,
-)
+from specpilot.training.eagle.data import DataOptions, collect_samples
 from specpilot.training.eagle.trainer import EagleTrainConfig, train_eagle, write_run_config
 
 DEFAULT_DATA_DIR = "../shared/data"

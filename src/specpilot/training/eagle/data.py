@@ -110,9 +110,9 @@ def training_prompts(options: DataOptions) -> list[tuple[str, str | Messages]]:
             for r in read_prompts_file(path)
             if str(r.question_id) not in held_out
         ]
-        for row in read_jsonl(path):
+        for index, row in enumerate(read_jsonl(path)):
             prompts += [
-                (f"{stem}:{row['id']}:turn{number}", messages)
+                (f"{stem}:{row.get('id', index)}:turn{number}", messages)
                 for number, messages in _later_turns(row.get("conversations", []))
             ]
         per_source.append(prompts)
@@ -124,12 +124,13 @@ def _later_turns(conversation: list[dict]) -> Iterator[tuple[int, Messages]]:
     """(turn number from 2, the messages up to that user turn) of a ShareGPT conversation."""
     roles = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant"}
     messages: Messages = []
+    users = 0
     for turn in conversation:
         role = roles.get(turn.get("from"))
         if role is None:
             return
         messages.append({"role": role, "content": turn.get("value", "")})
-        users = sum(m["role"] == "user" for m in messages)
+        users += role == "user"
         if role == "user" and users >= 2:
             yield users, list(messages)
 
@@ -210,15 +211,10 @@ def _rows(path: Path) -> Iterator[dict]:
 
 
 def generate_responses(
-    engine: SpeculativeEngine,
-    options: DataOptions,
-    folder: str | Path,
-    progress: bool = True,
-    prompts: list[tuple[str, str | Messages]] | None = None,
+    engine: SpeculativeEngine, options: DataOptions, folder: str | Path, progress: bool = True
 ) -> list[Sample]:
-    """Answer every prompt not yet in `folder` (batched, greedy or sampled at
-    `options.temperature`); return all samples. `prompts`: (id, prompt) pairs to answer instead
-    of the training prompts (e.g. held-out prompts whose answers only validate a head)."""
+    """Answer every training prompt not yet in `folder` (batched, greedy or sampled at
+    `options.temperature`); return all samples."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / RESPONSES_FILE
@@ -227,7 +223,7 @@ def generate_responses(
     _check_temperature(path, answered, options.temperature)
     done = {row["id"] for row in answered}
     todo = []
-    for prompt_id, text in training_prompts(options) if prompts is None else prompts:
+    for prompt_id, text in training_prompts(options):
         if prompt_id in done:
             continue
         ids = encode_prompt(engine.tokenizer, text)
