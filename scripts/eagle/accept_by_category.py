@@ -26,6 +26,7 @@ from specpilot.drafting.eagle_head import EagleHead, EagleShape, resolve_head
 from specpilot.engine.speculative import SpeculativeEngine
 from specpilot.models.chat import encode_prompt, eos_token_ids
 from specpilot.training.eagle.data import RESPONSES_FILE, Sample
+from specpilot.training.eagle.feature_cache import FeatureCache
 from specpilot.training.eagle.trainer import EagleTrainConfig, evaluate
 
 BATCH = 24
@@ -81,6 +82,7 @@ def main() -> None:
     expected = EagleShape.for_target(target.runner, target.tokenizer)
     committed = EagleHead.load(resolve_head(None, target.name), expected=expected)
     config = EagleTrainConfig()
+    caches = {}  # the answers' features, prefilled once for every head and category
     rows = []
     for name in args.head:
         if name == "untrained":
@@ -90,8 +92,13 @@ def main() -> None:
             head = EagleHead.load(resolve_head(None if name == "default" else name, target.name),
                                   expected=expected)  # fmt: skip
         target_rows = target.runner.lm_head[head.draft_ids].contiguous()
+        layers = head.shape.feature_layers
+        if layers not in caches:
+            caches[layers] = FeatureCache.for_held_out(None, target.runner, layers)
         for category, group in [*sorted(by_category.items()), ("all", samples)]:
-            scores = evaluate(head, target.runner, group, head.shape, config, target_rows)
+            scores = evaluate(
+                head, target.runner, group, head.shape, config, target_rows, caches[layers]
+            )
             rows.append({"head": name, "category": category} | scores)
             print(json.dumps(rows[-1]), flush=True)
     (out / "accept_by_category.json").write_text(json.dumps(rows, indent=1) + "\n")

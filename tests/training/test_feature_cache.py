@@ -1,5 +1,6 @@
 """The target's features kept on disk (`--feature-cache`): the same numbers as a fresh prefill,
-one folder per target identity, damaged entries recomputed, and training that does not change."""
+one folder per target identity, damaged entries recomputed, training that does not change, and
+held-out answers prefilled once a run."""
 
 from __future__ import annotations
 
@@ -12,9 +13,11 @@ from eagle_fixtures import TinyLoaded, tiny_head, tiny_target
 from tiny import cpu_training
 
 from specpilot.drafting.eagle_head import EagleShape
+from specpilot.training.eagle import features as features_module
 from specpilot.training.eagle.data import Sample
 from specpilot.training.eagle.feature_cache import FeatureCache, target_identity
 from specpilot.training.eagle.features import sequence_features
+from specpilot.training.eagle.scoring import evaluate
 from specpilot.training.eagle.trainer import EagleTrainConfig, train_eagle
 from specpilot.training.ppow import PpowConfig, train_ppow
 
@@ -156,3 +159,37 @@ def test_training_with_the_cache_is_training_without_it(tmp_path):
         numbers = {k: v for k, v in row.items() if v is not None}
         assert numbers == pytest.approx({k: cached_row[k] for k in numbers}, rel=1e-4, abs=1e-5)
     assert len(list((tmp_path / "features").glob("*/*.kv.safetensors"))) > 0
+
+
+@cpu_training
+def test_a_run_prefills_its_held_out_answers_once(tmp_path, monkeypatch):
+    """Scored every few updates, the held-out answers keep their features in a scratch cache
+    where the run has no --feature-cache: the same scores, one prefill each."""
+    target = TinyLoaded(tiny_target(torch.float32))
+    samples = _samples(10, 20)
+    shape = EagleShape.for_target(target.runner, target.tokenizer)
+    config = EagleTrainConfig(
+        epochs=1, lr=3e-3, warmup=1, batch_tokens=32, valid_samples=2, eval_every=1, save_every=50
+    )
+    prefilled = []
+    fresh_prefill = features_module._prefill
+
+    def counting_prefill(runner, ids, *args):
+        prefilled.append(tuple(ids))
+        return fresh_prefill(runner, ids, *args)
+
+    monkeypatch.setattr(features_module, "_prefill", counting_prefill)
+    train_eagle(target, samples, tmp_path / "run", config, shape, progress=False)
+    held_out = [tuple(s.prompt_ids + s.response_ids) for s in samples[-config.valid_samples :]]
+    rows = list(csv.DictReader((tmp_path / "run" / "train_log.csv").open()))
+    assert sum(1 for row in rows if row["val_acc1"]) >= 3  # scored at least three times
+    assert [prefilled.count(ids) for ids in held_out] == [1, 1]
+
+    monkeypatch.setattr(features_module, "_prefill", fresh_prefill)
+    head = tiny_head(target.runner, draft_vocab=80, noise=0.3)
+    target_rows = target.runner.lm_head[head.draft_ids].contiguous()
+    cache = FeatureCache.for_held_out(None, target.runner, head.shape.feature_layers)
+    valid = samples[-2:]
+    assert evaluate(head, target.runner, valid, head.shape, config, target_rows, cache) == evaluate(
+        head, target.runner, valid, head.shape, config, target_rows
+    )

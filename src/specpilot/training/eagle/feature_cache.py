@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import tempfile
 from pathlib import Path
 
 import torch
@@ -38,6 +39,21 @@ class FeatureCache:
     def __init__(self, folder: str | Path, runner, feature_layers: tuple[int, ...]):
         self.folder = Path(folder).expanduser() / target_identity(runner, feature_layers)
         self.folder.mkdir(parents=True, exist_ok=True)
+
+    @classmethod
+    def for_held_out(
+        cls, cache: FeatureCache | None, runner, feature_layers: tuple[int, ...]
+    ) -> FeatureCache:
+        """Where a run keeps its held-out sequences' features: `cache` (the run's own), else a
+        scratch folder deleted with the returned cache. A run scores the same held-out answers
+        every few updates; without this each score prefilled them again (2-core Xeon, the 1.5B in
+        float32: the 56 answers of `--valid-responses` cost ~3 minutes a score)."""
+        if cache is not None:
+            return cache
+        scratch = tempfile.TemporaryDirectory(prefix="specpilot-held-out-")
+        held_out = cls(scratch.name, runner, feature_layers)
+        held_out._scratch = scratch  # the folder goes when the cache is collected
+        return held_out
 
     def _path(self, ids: list[int], kind: str = "") -> Path:
         digest = hashlib.sha256(torch.tensor(ids, dtype=torch.int64).numpy().tobytes())

@@ -186,6 +186,7 @@ def train_eagle(
     cache = (
         None if feature_cache is None else FeatureCache(feature_cache, runner, shape.feature_layers)
     )
+    held_out = FeatureCache.for_held_out(cache, runner, shape.feature_layers) if valid else None
     log = CsvLog(out / LOG_FILE, LOG_COLUMNS, state["update"])
     bar = tqdm(
         total=total_updates, initial=state["update"], disable=not progress, unit="update",
@@ -222,7 +223,7 @@ def train_eagle(
             row |= sums.means()
             row["seconds"] = time.perf_counter() - started
             if update % config.eval_every == 0 and valid:
-                row |= evaluate(head, runner, valid, shape, config, target_rows, cache)
+                row |= evaluate(head, runner, valid, shape, config, target_rows, held_out)
                 head.train()
             log.write(row)
             bar.update(1)
@@ -237,7 +238,7 @@ def train_eagle(
     seconds = time.perf_counter() - started
     _save(out, head, optimizer, config, update, epoch, index, seconds, sums)
     final = {"update": update, "epoch": epoch, "tokens": sums.tokens_seen, "seconds": seconds}
-    final |= evaluate(head, runner, valid, shape, config, target_rows, cache) if valid else {}
+    final |= evaluate(head, runner, valid, shape, config, target_rows, held_out) if valid else {}
     log.write(final)
     head.save(out / HEAD_DIR)
     plot_learning_curve(out / LOG_FILE, out / CURVE_FILE)

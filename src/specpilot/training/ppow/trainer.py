@@ -92,6 +92,7 @@ def train_ppow(
     target_rows = runner.lm_head[head.draft_ids].contiguous()
     layers = head.shape.feature_layers
     cache = None if feature_cache is None else FeatureCache(feature_cache, runner, layers)
+    held_out = FeatureCache.for_held_out(cache, runner, layers) if valid else None
 
     def features(sample: Sample, keep_cache=False, length=None, with_logits=True):
         return sequence_features(
@@ -106,7 +107,7 @@ def train_ppow(
     started = time.perf_counter() - state["seconds"]
     pool = state["pool"]
     if state["update"] == 0 and valid:  # the initial head's held-out metrics, for comparison
-        scores = evaluate(head, runner, valid, head.shape, EVAL, target_rows, cache)
+        scores = evaluate(head, runner, valid, head.shape, EVAL, target_rows, held_out)
         log.write({"update": 0} | scores)
         head.train()
     for update in range(state["update"], config.updates):
@@ -131,7 +132,7 @@ def train_ppow(
         row |= {"update": update + 1, "hard_frac": fraction, "lr": lr}
         row["seconds"] = time.perf_counter() - started
         if (update + 1) % config.eval_every == 0 and valid:
-            row |= evaluate(head, runner, valid, head.shape, EVAL, target_rows, cache)
+            row |= evaluate(head, runner, valid, head.shape, EVAL, target_rows, held_out)
             head.train()
         log.write(row)
         bar.update(1)
