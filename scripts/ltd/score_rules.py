@@ -14,11 +14,20 @@ has not drafted (causal, as LTD's depth policy). Forecasts, fitted on the traini
 - `calibrated`: a_i from a table of the training split's acceptance by node depth × log-score
   bin (1/2-nat bins; 4 pseudo-counts at exp(s)), so that each depth's miscalibration is learned.
 
+`--cells`: how much the draft's scores could buy at all. Positions are binned into k × k cells
+by the best cumulative score of tree levels 1 and 2 (quantile bins), and every cell gets the one
+(depth, V) that maximises the decoded tokens/s over its positions (`fit_cells`): fitted on the
+training split and decoded on the validation split (what such a chooser would reach), and fitted
+on the positions it is scored on (in-sample: optimistic for any chooser reading these two scores
+at that resolution; as k grows it tends to the hindsight ceiling). With and without "draft
+nothing" as a choice.
+
 `--verify-slope S` replaces the cost model's verify curve by T(n) = T(1)·(1 + S·(n − 1)) and
 `--draft-scale X` multiplies its draft times (what-ifs for a CPU where tokens are dear: float32
 on an AVX2-only CPU is S ≈ 0.3-0.5).
 
     python scripts/ltd/score_rules.py RUN [--policies DIR] [--verify-slope S --draft-scale X]
+        [--cells]
 """
 
 from __future__ import annotations
@@ -29,11 +38,13 @@ from pathlib import Path
 
 import numpy as np
 
+from specpilot.bench.hindsight import decoded_rate, hindsight_rate
 from specpilot.policies.ltd_net import LtdNets, resolve_policies
 from specpilot.training.ltd.config import LtdTrainConfig
 from specpilot.training.ltd.cost import CostModel
 from specpilot.training.ltd.envs import (
     Chooser,
+    choice_outcomes,
     hindsight_throughput,
     replay_throughput,
     static_grid,
@@ -43,6 +54,7 @@ from specpilot.training.ltd.trainer import split
 
 BINS = np.arange(-12.0, 0.01, 0.5)
 RECENT, PSEUDO_CYCLES, PSEUDO_COUNTS = 16, 8.0, 4.0
+CELLS = (1, 2, 3, 4, 6, 8)
 
 
 class Trees:
@@ -133,6 +145,85 @@ def compare(log, cost, nets, best, sizes, rules: dict, label: str = "") -> dict:
     return rows
 
 
+def level_scores(trees: Trees) -> np.ndarray:
+    """[positions, 2]: the best cumulative log-score of tree levels 1 and 2."""
+    return np.array([[s[d == level].max() for level in (1, 2)]
+                     for s, d in zip(trees.scores, trees.depths, strict=True)])  # fmt: skip
+
+
+def cell_of(features: np.ndarray, edges: list[np.ndarray], k: int) -> np.ndarray:
+    return np.digitize(features[:, 0], edges[0]) * k + np.digitize(features[:, 1], edges[1])
+
+
+def fit_cells(tokens, ms, prompt, cells, n_cells) -> np.ndarray:
+    """Each cell's choice, maximising the decoded rate Σ tokens / Σ ms over these positions:
+    started from the better of the best static choice and Dinkelbach's per-cell optimum over
+    positions as cycle starts, then each cell's choice improved in turn on the decoded
+    trajectory until a sweep finds nothing better."""
+    rows, rate, pick = np.arange(len(tokens)), 0.0, None
+    for _ in range(100):
+        per_cell = np.zeros((n_cells, tokens.shape[1]))
+        np.add.at(per_cell, cells, tokens - rate * ms)
+        candidate = per_cell.argmax(axis=1)
+        chosen = candidate[cells]
+        found = tokens[rows, chosen].sum() / ms[rows, chosen].sum()
+        if pick is not None and found <= rate * (1 + 1e-12):
+            break
+        rate, pick = found, candidate
+
+    def rate_of(pick: np.ndarray) -> float:
+        return decoded_rate(tokens, ms, prompt, pick[cells])[0]
+
+    statics = [np.full(n_cells, c) for c in range(tokens.shape[1])]
+    pick = max([pick, *statics], key=rate_of)
+    best, improved = rate_of(pick), True
+    while improved:
+        improved = False
+        for cell in np.unique(cells):
+            for choice in range(tokens.shape[1]):
+                trial = pick.copy()
+                trial[cell] = choice
+                found = rate_of(trial)
+                if found > best * (1 + 1e-9):
+                    pick, best, improved = trial, found, True
+    return pick
+
+
+def cell_bounds(train: ReplayLog, valid: ReplayLog, log: ReplayLog, cost: CostModel) -> dict:
+    """Rates of the k × k cell choosers (fit on train → valid; in-sample on all) over the one-cell
+    chooser (the best static choice) of the same positions, beside the hindsight ceiling."""
+    depths, sizes = range(1, log.shape.max_depth + 1), range(1, 16)
+    parts = {"train": train, "valid": valid, "all": log}
+    features = {name: level_scores(Trees(part)) for name, part in parts.items()}
+    result = {}
+    for skip in (False, True):
+        label = "may draft nothing" if skip else "trees only"
+        outcome = {name: choice_outcomes(part, cost, depths, sizes, skip)[1:]
+                   for name, part in parts.items()}  # fmt: skip
+        for fit, score in (("train", "valid"), ("all", "all")):
+            tokens, ms = outcome[score]
+            prompt, contexts = parts[score].prompt, parts[score].context_len
+            plain = len(prompt) / sum(cost.verify(1, int(c)) for c in contexts)
+            rates = {}
+            for k in CELLS:
+                quantiles = np.linspace(0, 1, k + 1)[1:-1]
+                edges = [np.quantile(features[fit][:, i], quantiles) for i in range(2)]
+                cells = cell_of(features[fit], edges, k)
+                pick = fit_cells(*outcome[fit], parts[fit].prompt, cells, k * k)
+                chosen = pick[cell_of(features[score], edges, k)]
+                rates[f"k={k}"] = decoded_rate(tokens, ms, prompt, chosen)[0]
+            rates["ceiling"] = hindsight_rate(tokens, ms, prompt)[0]
+            one_cell = rates["k=1"]
+            for name, rate in rates.items():
+                print(f"{label:17} fit {fit:5} score {score:5} {name:8} {1000 * rate:7.3f} tok/s"
+                      f" {rate / one_cell:6.3f}× one cell {rate / plain:6.3f}× plain")  # fmt: skip
+            result[f"{label}, fit {fit}, score {score}"] = {
+                name: {"tokens_per_s": 1000 * rate, "over_one_cell": rate / one_cell,
+                       "over_plain": rate / plain} for name, rate in rates.items()
+            }  # fmt: skip
+    return result
+
+
 def what_if(cost: CostModel, slope: float, draft_scale: float) -> CostModel:
     sizes = list(range(1, 130))
     rows = [[cost.verify(1, c) * (1 + slope * (n - 1)) for n in sizes] for c in cost.contexts]
@@ -148,6 +239,7 @@ def main() -> None:
     parser.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
     parser.add_argument("--verify-slope", type=float, default=None)
     parser.add_argument("--draft-scale", type=float, default=1.0)
+    parser.add_argument("--cells", action="store_true", help="the k × k cell choosers' bounds")
     args = parser.parse_args()
     nets = LtdNets.load(resolve_policies(args.policies, args.target))
     log = ReplayLog.load(args.run / "replay", nets.shape)
@@ -177,6 +269,8 @@ def main() -> None:
             "calibrated": decode(part, trees, cost, table_of, False, sizes, calibration),
         }
         result[name] = compare(part, cost, nets, best, sizes, rules, label=f"{name:5} ")
+    if args.cells:
+        result["cells"] = cell_bounds(train, valid, log, cost)
     suffix = "" if args.verify_slope is None else f"_slope{args.verify_slope}"
     (args.run / f"score_rules{suffix}.json").write_text(json.dumps(result, indent=1) + "\n")
 

@@ -32,20 +32,26 @@ def hindsight_rate(
                 total = value[p] + future[p - start + tokens[p]]
                 chosen[p] = int(np.argmax(total))
                 future[p - start] = total[chosen[p]]
-        bounds = zip(starts, ends, strict=True)
-        steps = np.concatenate([trajectory(start, end, tokens, chosen) for start, end in bounds])
-        picks = chosen[steps]
-        found = float(tokens[steps, picks].sum() / ms[steps, picks].sum())
+        found, steps = decoded_rate(tokens, ms, answer, chosen)
         if best is not None and found <= rate * (1 + 1e-12):
             break
-        rate, best = found, (steps, picks)
+        rate, best = found, (steps, chosen[steps])
     return rate, *best
 
 
-def trajectory(start: int, end: int, tokens: np.ndarray, chosen: np.ndarray) -> np.ndarray:
-    """The positions decoding visits from `start` when each takes its `chosen` choice."""
-    steps, p = [], start
-    while p < end:
-        steps.append(p)
-        p += int(tokens[p, chosen[p]])
-    return np.array(steps, dtype=np.int64)
+def decoded_rate(
+    tokens: np.ndarray, ms: np.ndarray, answer: np.ndarray, chosen: np.ndarray
+) -> tuple[float, np.ndarray]:
+    """(tokens per ms, visited positions) of decoding every answer when each position p takes
+    its `chosen[p]` choice."""
+    starts = np.flatnonzero(np.r_[True, answer[1:] != answer[:-1]])
+    ends = np.r_[starts[1:], len(answer)]
+    steps = []
+    for start, end in zip(starts, ends, strict=True):
+        p = start
+        while p < end:
+            steps.append(p)
+            p += int(tokens[p, chosen[p]])
+    steps = np.array(steps, dtype=np.int64)
+    picks = chosen[steps]
+    return float(tokens[steps, picks].sum() / ms[steps, picks].sum()), steps

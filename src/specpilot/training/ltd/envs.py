@@ -195,19 +195,16 @@ def plain_throughput(log: ReplayLog, cost: CostModel) -> float:
     return 1000 * len(log) / sum(cost.verify(1, int(c)) for c in log.context_len)
 
 
-def hindsight_throughput(
+def choice_outcomes(
     log: ReplayLog,
     cost: CostModel,
     depths: Sequence[int],
     sizes: Sequence[int],
     skip: bool = False,
-) -> dict:
-    """The best replay tokens/s that any chooser of (depth, V) among `depths` × `sizes` could
-    reach on `log`, knowing each cycle's outcome beforehand: the ceiling on what a learned
-    chooser with these choices can gain over the best static one (replay_throughput's output,
-    for that trajectory). `skip`: a cycle may also draft nothing (depth 0, V 0: a plain
-    one-token step), the ceiling of a chooser that may stop speculating where it loses
-    (bench.hindsight)."""
+) -> tuple[list[tuple[int, int]], np.ndarray, np.ndarray]:
+    """The (depth, V) choices among `depths` × `sizes` (with `skip`, first the choice to draft
+    nothing: depth 0, V 0, a plain one-token step), and at every position of `log` each choice's
+    tokens (accepted + 1) and cycle time in ms: [positions, choices] arrays."""
     shape = log.shape
     choices = sorted({(d, min(v, shape.candidates(d))) for d in depths for v in sizes})
     choices = [(0, 0)] * skip + choices
@@ -223,15 +220,32 @@ def hindsight_throughput(
     ms_by_context = {
         context: [cycle_ms(d, v, context) for d, v in choices] for context in set(contexts)
     }
-    ms = np.array([ms_by_context[context] for context in contexts])
+    return choices, tokens, np.array([ms_by_context[context] for context in contexts])
+
+
+def hindsight_throughput(
+    log: ReplayLog,
+    cost: CostModel,
+    depths: Sequence[int],
+    sizes: Sequence[int],
+    skip: bool = False,
+) -> dict:
+    """The best replay tokens/s that any chooser of (depth, V) among `depths` × `sizes` could
+    reach on `log`, knowing each cycle's outcome beforehand: the ceiling on what a learned
+    chooser with these choices can gain over the best static one (replay_throughput's output,
+    for that trajectory). `skip`: a cycle may also draft nothing (depth 0, V 0: a plain
+    one-token step), the ceiling of a chooser that may stop speculating where it loses
+    (bench.hindsight)."""
+    choices, tokens, ms = choice_outcomes(log, cost, depths, sizes, skip)
+    depth_of = np.array([d for d, _ in choices])
+    size_of = np.array([v for _, v in choices])
     rate, steps, picks = hindsight_rate(tokens, ms, log.prompt)
-    cycles = len(steps)
     return {
         "tokens_per_s": 1000 * rate,
         "depth": float(depth_of[picks].mean()),
         "size": float(size_of[picks].mean()),
         "accepted": float((tokens[steps, picks] - 1).mean()),
-        "cycles": cycles,
+        "cycles": len(steps),
     }
 
 
