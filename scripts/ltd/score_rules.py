@@ -46,6 +46,7 @@ from specpilot.training.ltd.envs import (
     Chooser,
     choice_outcomes,
     hindsight_throughput,
+    plain_throughput,
     replay_throughput,
     static_grid,
 )
@@ -202,8 +203,7 @@ def cell_bounds(train: ReplayLog, valid: ReplayLog, log: ReplayLog, cost: CostMo
                    for name, part in parts.items()}  # fmt: skip
         for fit, score in (("train", "valid"), ("all", "all")):
             tokens, ms = outcome[score]
-            prompt, contexts = parts[score].prompt, parts[score].context_len
-            plain = len(prompt) / sum(cost.verify(1, int(c)) for c in contexts)
+            prompt, plain = parts[score].prompt, plain_throughput(parts[score], cost) / 1000
             rates = {}
             for k in CELLS:
                 quantiles = np.linspace(0, 1, k + 1)[1:-1]
