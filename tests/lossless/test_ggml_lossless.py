@@ -1,8 +1,9 @@
 """Losslessness on the ggml backend (llama.cpp over float32 GGUF files written in the test):
 greedy identity of n-gram, draft-model chains and draft-model trees (a draft on ggml too) with
-plain ggml decoding under several policies and the goodput controller; batch rows equal single
-runs; sampled output follows the target's distribution by a chi-square test that rejects a
-broken verifier (the helpers of test_engine_sampling, run through ggml runners)."""
+plain ggml decoding under several policies, the goodput controller and SV (an early-exit
+companion); batch rows equal single runs; sampled output follows the target's distribution by a
+chi-square test that rejects a broken verifier (the helpers of test_engine_sampling, run through
+ggml runners)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from test_engine_sampling import (  # noqa: E402
     chi_square_pvalue,
     exact_joint_distribution,
 )
+from test_sv import STEEP, table_from_a  # noqa: E402
 from tiny import TinyTokenizer, perturbed, tiny_model  # noqa: E402
 
 import specpilot.engine.speculative as speculative  # noqa: E402
@@ -26,6 +28,7 @@ from specpilot.drafting import ModelDrafter, NgramDrafter  # noqa: E402
 from specpilot.engine import SpeculativeEngine  # noqa: E402
 from specpilot.policies import ConstantPolicy, HeuristicPolicy, SvipPolicy  # noqa: E402
 from specpilot.policies.controller import GoodputController, GoodputPolicy  # noqa: E402
+from specpilot.policies.sv import SvVerifyPolicy  # noqa: E402
 
 PROMPTS = [[1, 5, 9, 14], [1, 30, 31, 30, 31, 30], [1, 7], [1, 60, 2, 61, 62, 63, 64, 65]]
 MAX_NEW = 24
@@ -91,6 +94,28 @@ def test_goodput_controller_matches_plain_ggml_greedy(files, reference, kind):
     for prompt in PROMPTS:
         result = engine.generate(prompt, GenerationConfig(max_new_tokens=MAX_NEW))
         assert result.token_ids == reference[tuple(prompt)]
+
+
+@pytest.mark.parametrize("batch_size", [1, len(PROMPTS)])
+def test_sv_with_an_early_exit_companion_matches_plain_ggml_greedy(
+    files, reference, batch_size, tmp_path, monkeypatch
+):
+    """SV on ggml: the companion is the target's first layer, written as a GGUF of its own."""
+    monkeypatch.setenv("SPECPILOT_CACHE", str(tmp_path))
+    target = runner(files, "target", batch_size)
+    drafter = ModelDrafter(runner(files, "draft", batch_size))
+    policy = SvVerifyPolicy(target.early_exit(1), table_from_a(), STEEP)
+    engine = SpeculativeEngine(
+        target, TinyTokenizer(), drafter, ConstantPolicy(4), policy, eos_ids=set()
+    )
+    config = GenerationConfig(max_new_tokens=MAX_NEW)
+    if batch_size == 1:
+        results = [engine.generate(prompt, config) for prompt in PROMPTS]
+    else:
+        results = engine.generate_batch(PROMPTS, config)
+    assert [r.token_ids for r in results] == [reference[tuple(p)] for p in PROMPTS]
+    records = [record for result in results for record in result.stats.records]
+    assert any(r.num_verified < r.num_drafted for r in records), "SV should trim some drafts"
 
 
 @pytest.mark.parametrize("kind", ["none", "model", "model-tree"])

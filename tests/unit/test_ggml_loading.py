@@ -1,5 +1,6 @@
 """Loading on the ggml backend: a .gguf read as stored with the tokenizer of its metadata, the
-`auto` choice by method, and `generate` on ggml giving plain ggml decoding's text (eagle too)."""
+`auto` choice by method, and `generate` on ggml giving plain ggml decoding's text (eagle and SV
+too)."""
 
 from __future__ import annotations
 
@@ -46,14 +47,12 @@ def test_auto_picks_ggml_where_the_method_runs_there(gguf):
     assert runs_on_ggml("model", "goodput") and runs_on_ggml("ngram", "constant")
     assert runs_on_ggml("model", None, {"branches": 3})
     assert runs_on_ggml("eagle", None) and runs_on_ggml("eagle", "tree-goodput", {"tree_topk": 4})
-    assert runs_on_ggml("eagle", "ltd")
+    assert runs_on_ggml("eagle", "ltd") and runs_on_ggml("model", "sv")
+    assert runs_on_ggml("model", "goodput", {"companion": "early-exit:target:2"})
     for drafter, policy, options in [
-        ("eagle", "sv", {}),
         ("dvi", "constant", {}),
         ("model", "ltd", {}),
         ("model", "tree-goodput", {}),
-        ("model", "sv", {}),
-        ("model", "goodput", {"companion": "early-exit:target:2"}),
         ("model", None, {"tree_topk": 4}),
         ("model", None, {"draft_vocab": 48}),
     ]:
@@ -116,6 +115,26 @@ def test_a_head_installed_for_the_target_drafts_by_default(gguf, capsys):
     assert default["method"] == "sd:drafter=eagle,policy=goodput"
     assert main([*argv, "--json", "--drafter", "none"]) == 0
     assert json.loads(capsys.readouterr().out)["token_ids"] == default["token_ids"]
+
+
+def test_sv_profiles_and_decodes_on_ggml(gguf, tmp_path, capsys):
+    """profile-sv and `--policy sv` pick ggml for a GGUF (the companion an early exit written as
+    a GGUF); the text is plain decoding's, and a profile is refused on the other backend."""
+    _, path = gguf
+    models = ["--target", str(path), "--draft", str(path), "--max-new-tokens", "12"]
+    profile = tmp_path / "sv.json"
+    command = ["profile-sv", *models, "--companion", "early-exit:target:2", "--max-verify", "4"]
+    assert main([*command, "--min-count", "2", "--out", str(profile), "--quiet"]) == 0
+    saved = json.loads(profile.read_text())
+    assert saved["backend"] == "ggml" and saved["records"] > 0
+    capsys.readouterr()
+    generate = ["generate", *models, "--prompt", "ab!", "--json"]
+    assert main([*generate, "--drafter", "none"]) == 0
+    plain = json.loads(capsys.readouterr().out)["token_ids"]
+    assert main([*generate, "--policy", "sv", "--sv-profile", str(profile)]) == 0
+    assert json.loads(capsys.readouterr().out)["token_ids"] == plain
+    assert main([*generate, "--policy", "sv", "--sv-profile", str(profile), "--backend", "torch"])
+    assert "profiled on the ggml backend" in capsys.readouterr().err
 
 
 def test_a_method_that_needs_torch_is_refused_on_ggml(gguf, capsys):

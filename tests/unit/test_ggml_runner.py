@@ -1,6 +1,7 @@
 """The ggml runner against the torch runner on the same float32 weights (fixtures/gguf_fixtures):
-logits, multi-token against one-token forwards, rollback and prefix reuse, independent slots,
-draft-tree nodes against their branch fed as a chain, and refused forwards leaving the cache."""
+logits, early exits, multi-token against one-token forwards, rollback and prefix reuse,
+independent slots, draft-tree nodes against their branch fed as a chain, and refused forwards
+leaving the cache."""
 
 from __future__ import annotations
 
@@ -42,6 +43,18 @@ def test_logits_equal_the_torch_runner(model, runner):
     reference.forward(PROMPT, logits="none")
     torch.testing.assert_close(last, reference.forward([5, 6])[-1:], **TOL)
     assert runner.forward([9], logits="none") is None and runner.length == len(PROMPT) + 3
+
+
+def test_early_exit_equals_the_torch_early_exit(model, runner, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECPILOT_CACHE", str(tmp_path))
+    exit_runner = runner.early_exit(1)
+    assert exit_runner.num_layers == 1 and exit_runner.path.parent.parent.parent == tmp_path
+    expected = DecoderRunner(model).early_exit(1).forward(PROMPT)
+    torch.testing.assert_close(exit_runner.forward(PROMPT), expected, **TOL)
+    written = exit_runner.path.stat().st_mtime_ns
+    assert runner.early_exit(1).path.stat().st_mtime_ns == written  # written once
+    with pytest.raises(ValueError, match="early exit needs 1.."):
+        runner.early_exit(runner.num_layers + 1)
 
 
 def test_multi_token_forward_equals_one_token_forwards(runner):

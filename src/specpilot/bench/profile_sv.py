@@ -118,6 +118,7 @@ def profile_sv(
         "target": models.target.name,
         "draft": models.draft.name,
         "companion": companion,
+        "backend": models.target.runner.backend,
         "gamma_max": gamma_max,
         "temperature": config.sampling.temperature,
         "prompts": len(prompts),

@@ -6,14 +6,21 @@ from __future__ import annotations
 import argparse
 import sys
 
-from specpilot.cli.common import add_model_arguments, generation_config, load_from_args
+from specpilot.cli.common import (
+    add_backend_argument,
+    add_model_arguments,
+    generation_config,
+    load_from_args,
+)
 from specpilot.errors import ConfigError
 from specpilot.methods.defaults import SV_GAMMA_MAX
+from specpilot.models.backends import choose_backend
 
 
 def register(commands) -> None:
     parser = commands.add_parser("profile-sv", help="record SV's acceptance table for --policy sv")
     add_model_arguments(parser, 64, "new tokens per profiling prompt (default %(default)s)")
+    add_backend_argument(parser)
     parser.add_argument("--out", required=True, help="JSON file to write")
     parser.add_argument(
         "--companion",
@@ -53,7 +60,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         prompts = list(SV_PROFILE_PROMPTS)
     verify_ms = read_verify_ms(args.latency_profile) if args.latency_profile else None
-    models = load_from_args(args, args.draft)
+    # auto: the backend `--policy sv` decodes on (ggml for a GGUF target), whose costs it plans with
+    backend = choose_backend(args.model_backend, args.target, args.device, True)
+    models = load_from_args(args, args.draft, backend=backend)
     profile = profile_sv(
         models,
         args.companion,

@@ -7,9 +7,9 @@ the target is a GGUF (a .gguf file or an offline model) on the CPU, llama-cpp-py
 installed, and the method runs on those forwards: plain decoding, prompt lookup, a draft model's
 chains or first-token trees (the draft on ggml too), the eagle drafter's chains and dynamic
 trees (its head in torch, reading the target's taps and its GGUF's embedding rows) and the
-draft-length policies, the goodput controller, tree-goodput and LTD (eagle's trees) included.
-DVI, the draft model's dynamic trees, a reduced draft vocabulary and SV (whose companions are
-early exits or torch models) stay on torch.
+draft-length policies, the goodput controller, tree-goodput, LTD (eagle's trees) and SV (its
+companion an early exit written as a GGUF of its own, or another GGUF) included. DVI, the draft
+model's dynamic trees and a reduced draft vocabulary stay on torch.
 """
 
 from __future__ import annotations
@@ -21,15 +21,15 @@ from specpilot.models.ggml.library import available
 from specpilot.models.offline import OFFLINE_MODELS
 
 GGML_DRAFTERS = ("none", "model", "ngram", "eagle")
-GGML_POLICIES = ("constant", "heuristic", "svip", "goodput", "tree-goodput", "ltd")
+GGML_POLICIES = ("constant", "heuristic", "svip", "goodput", "tree-goodput", "ltd", "sv")
 TREE_POLICIES = ("tree-goodput", "ltd")
 """Policies that always shape dynamic trees."""
 TREE_DRAFTERS = ("eagle",)
 """The drafters whose dynamic trees (`tree_topk` > 1, and tree-goodput's sizing) run on ggml:
 eagle's trees grow in its torch head; the draft model's need its lean decoder's tree-masked
 `run`."""
-TORCH_ONLY_OPTIONS = ("draft_vocab", "draft_vocab_corpus", "sv_profile", "companion")
-"""Method options that need torch weights (a draft head over some ids, SV's companion)."""
+TORCH_ONLY_OPTIONS = ("draft_vocab", "draft_vocab_corpus")
+"""Method options that need torch weights (a draft head over some ids)."""
 
 
 def runs_on_ggml(

@@ -248,7 +248,7 @@ def assemble_gguf(
                             out.write(block)
                             bar.update(len(block))
             _check_gguf(Path(tmp), expected_size=total)
-            _publish_permissions(Path(tmp))
+            publish_permissions(Path(tmp))
             os.replace(tmp, gguf_path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
@@ -259,7 +259,7 @@ def assemble_gguf(
     return gguf_path
 
 
-def _publish_permissions(path: Path) -> None:
+def publish_permissions(path: Path) -> None:
     """Give files made by mkstemp/mkdtemp (mode 0600/0700) the modes the user's umask asks for."""
     umask = os.umask(0)
     os.umask(umask)
@@ -341,7 +341,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path, progress: bool = True) -> Path:
             tokenizer.save_pretrained(tmp)
             bar.update(1)
         del model
-        _publish_permissions(tmp)
+        publish_permissions(tmp)
         try:
             os.rename(tmp, out_dir)
         except OSError:

@@ -9,10 +9,11 @@ every row; logits come back, as float32, only for the rows asked for. Rolling a 
 `run_batch` also returns the hidden states after chosen layers (`tap_layers`), which the eagle
 drafter reads, once `enable_taps` has given the context an eval callback (models.ggml.taps).
 Every row of a forward is checked before any sequence changes, so a refused forward leaves the
-cache as it was. The runner has no LM-head rows, layer-split forwards or early exits, and no
-last-layer hidden states (llama.cpp keeps only the scored rows past the last layer): methods
-that need those (DVI, a reduced draft vocabulary, LTD, SV's early-exit companions) run on the
-torch backend.
+cache as it was. An early exit is a runner of its own
+over a truncated copy of the GGUF (models.ggml.early_exit). The runner has no LM-head rows or
+layer-split forwards, and no last-layer hidden states (llama.cpp keeps only the scored rows past
+the last layer): methods that need those (DVI, a reduced draft vocabulary) run on the torch
+backend.
 """
 
 from __future__ import annotations
@@ -140,6 +141,17 @@ class GgmlRunner:
     def __del__(self):
         if getattr(self, "_llama", None) is not None:
             self.close()
+
+    def early_exit(self, num_layers: int) -> GgmlRunner:
+        """The first `num_layers` layers, then this model's final norm and LM head, as a runner
+        of its own over a GGUF written once (models.ggml.early_exit: llama.cpp cannot stop a
+        graph part-way, so the weights are a copy, not shared as on torch)."""
+        from specpilot.models.ggml.early_exit import early_exit_gguf
+
+        if not 1 <= num_layers <= self.num_layers:
+            raise ValueError(f"early exit needs 1..{self.num_layers} layers, got {num_layers}")
+        path = early_exit_gguf(self.path, num_layers)
+        return GgmlRunner(path, self.max_length, self.batch_size, self.config, self.torch_dtype)
 
     # -- cache -------------------------------------------------------------------------------
     @property
