@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+from pathlib import Path
 
 import torch
 
@@ -56,7 +57,7 @@ def main() -> None:
     parser.add_argument("--method", required=True, help="the method whose divergences to check")
     parser.add_argument("--out", help="JSON file to write")
     args = parser.parse_args()
-    report = json.loads(open(args.report).read())
+    report = json.loads(Path(args.report).read_text())
     config = report["config"]
     rows = [r for r in report["results"] if r["method"] == args.method and r["category"] == "all"]
     if not rows:

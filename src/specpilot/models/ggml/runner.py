@@ -9,11 +9,10 @@ every row; logits come back, as float32, only for the rows asked for. Rolling a 
 `run_batch` also returns the hidden states after chosen layers (`tap_layers`), which the eagle
 drafter reads, once `enable_taps` has given the context an eval callback (models.ggml.taps).
 Every row of a forward is checked before any sequence changes, so a refused forward leaves the
-cache as it was. An early exit is a runner of its own
-over a truncated copy of the GGUF (models.ggml.early_exit). The runner has no LM-head rows or
-layer-split forwards, and no last-layer hidden states (llama.cpp keeps only the scored rows past
-the last layer): methods that need those (DVI, a reduced draft vocabulary) run on the torch
-backend.
+cache as it was. An early exit is a runner of its own over a truncated copy of the GGUF
+(models.ggml.early_exit). The runner has no LM-head rows or layer-split forwards, and no
+last-layer hidden states (llama.cpp keeps only the scored rows past the last layer): methods that
+need those (DVI, a reduced draft vocabulary) run on the torch backend.
 """
 
 from __future__ import annotations
