@@ -26,6 +26,7 @@ from specpilot.errors import ConfigError, ModelLoadError, PromptError
 from specpilot.models.ggml import trees as tree_seqs
 from specpilot.models.ggml.batch import Batch, Entry
 from specpilot.models.ggml.config import KV_TYPES, GgmlConfig
+from specpilot.models.ggml.early_exit import early_exit_gguf
 from specpilot.models.ggml.library import default_threads, lib, recent_errors
 from specpilot.models.ggml.taps import LayerTaps
 from specpilot.models.runner import LogitRows, RunnerOutput
@@ -145,8 +146,6 @@ class GgmlRunner:
         """The first `num_layers` layers, then this model's final norm and LM head, as a runner
         of its own over a GGUF written once (models.ggml.early_exit: llama.cpp cannot stop a
         graph part-way, so the weights are a copy, not shared as on torch)."""
-        from specpilot.models.ggml.early_exit import early_exit_gguf
-
         if not 1 <= num_layers <= self.num_layers:
             raise ValueError(f"early exit needs 1..{self.num_layers} layers, got {num_layers}")
         path = early_exit_gguf(self.path, num_layers)
