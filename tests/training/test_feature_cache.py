@@ -6,15 +6,18 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import json
+from types import SimpleNamespace
 
 import pytest
 import torch
-from eagle_fixtures import TinyLoaded, tiny_head, tiny_target
-from tiny import cpu_training
+from eagle_fixtures import WORDS, TinyLoaded, tiny_head, tiny_target
+from tiny import cpu_training, tiny_tokenizer
 
 from specpilot.drafting.eagle_head import EagleShape
+from specpilot.models.decoder import DecoderRunner
 from specpilot.training.eagle import features as features_module
-from specpilot.training.eagle.data import Sample
+from specpilot.training.eagle.data import DataOptions, Sample, collect_samples
 from specpilot.training.eagle.feature_cache import FeatureCache, target_identity
 from specpilot.training.eagle.features import sequence_features
 from specpilot.training.eagle.scoring import evaluate
@@ -193,3 +196,44 @@ def test_a_run_prefills_its_held_out_answers_once(tmp_path, monkeypatch):
     assert evaluate(head, target.runner, valid, head.shape, config, target_rows, cache) == evaluate(
         head, target.runner, valid, head.shape, config, target_rows
     )
+
+
+@cpu_training
+def test_answers_keep_the_features_their_answering_computed(tmp_path, monkeypatch):
+    """With a feature cache, the target keeps its features of each answer as it writes it
+    (batches of 2, a shared prompt prefix reused across batches): a prefill's taps and hidden
+    states up to rounding (float64 here), and training on the answers prefills none of them."""
+    rows = [{"question": f"w5 w6 w7 w{8 + i}", "answer": "x"} for i in range(5)]
+    (tmp_path / "gsm8k_train.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    tokenizer = tiny_tokenizer(WORDS)
+    tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}w4 "
+    runner = DecoderRunner(tiny_target(torch.float64), max_length=64, batch_size=2)
+    target = SimpleNamespace(runner=runner, tokenizer=tokenizer, path=None, name="tiny")
+    layers = (1, 2)
+    cache = FeatureCache(tmp_path / "features", runner, layers)
+    options = DataOptions(
+        data_dir=str(tmp_path), sources=("gsm8k_train.jsonl",), max_new_tokens=9, batch_size=2
+    )
+    samples = collect_samples(
+        target, options, 5, 0, tmp_path / "data", 64, progress=False, feature_cache=cache
+    )
+    trained = [s for s in samples if len(s.response_ids) >= 2]  # what split_samples keeps
+    assert len(samples) == 5 and len(trained) >= 3
+    for sample in trained:
+        stored = cache.load(sample.token_ids)
+        assert stored is not None, sample.id
+        prefilled = features_module._prefill(runner, sample.token_ids, layers, False)
+        for kept, fresh in zip(stored, prefilled, strict=True):
+            assert kept.shape == fresh.shape
+            assert torch.allclose(kept, fresh, rtol=0, atol=1e-10)
+
+    def no_prefill(*args):
+        raise AssertionError("an answer was prefilled again")
+
+    monkeypatch.setattr(features_module, "_prefill", no_prefill)
+    shape = EagleShape.for_target(runner, tokenizer, layers)
+    config = EagleTrainConfig(epochs=1, batch_tokens=16, valid_samples=1, eval_every=1)
+    train_eagle(
+        target, trained, tmp_path / "run", config, shape, progress=False,
+        feature_cache=tmp_path / "features",
+    )  # fmt: skip

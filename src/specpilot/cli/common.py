@@ -29,6 +29,7 @@ from specpilot.methods.defaults import (
 from specpilot.models.backends import choose_backend
 from specpilot.models.loading import BACKENDS, resolve_dtype
 from specpilot.training.eagle.data import RESPONSES_FILE, Sample, read_samples
+from specpilot.training.eagle.feature_cache import FeatureCache
 
 BATCH_HELP = "prompts decoded together (each row accepts its own number of tokens per step)"
 VOCAB_CORPUS_HELP = (
@@ -314,6 +315,13 @@ def answers_in(folder: str, flag: str, remedy: str) -> list[Sample]:
     return samples
 
 
+def feature_cache_of(args: argparse.Namespace, runner, feature_layers) -> FeatureCache | None:
+    """The target's FeatureCache in --feature-cache (None without the flag)."""
+    if args.feature_cache is None:
+        return None
+    return FeatureCache(args.feature_cache, runner, feature_layers)
+
+
 def add_feature_cache_flag(parser: argparse.ArgumentParser) -> None:
     """Where the head trainers keep the target's teacher-forced features (training.eagle.
     feature_cache): one flag for train-eagle and train-ppow."""
@@ -322,9 +330,12 @@ def add_feature_cache_flag(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="keep the target's features of each training sequence in DIR after its first "
         "prefill and reuse them in later epochs, evaluations and ADAW passes (the same numbers; "
-        "pays where the CPU has no native bf16 and the prefill is most of an update; disk: "
-        "(taps + 1) x hidden size x the target's dtype bytes per position, 9.2 KB for "
-        "SmolLM2-135M in float32); train-ppow also keeps each sequence's KV cache there for "
-        "its rollouts (2 x layers x KV heads x head size x dtype bytes per position, 46 KB for "
-        "SmolLM2-135M in float32); runs of one target may share DIR",
+        "pays where the CPU has no native bf16 and the prefill is most of an update). Where the "
+        "torch target answers the training prompts itself, it keeps each answer's features as "
+        "it writes it, so training prefills none of them (batched decoding's numbers: equal up "
+        "to rounding). Disk: (taps + 1) x hidden size x the target's dtype bytes per position "
+        "(9.2 KB for SmolLM2-135M in float32, 12 KB for the 1.5B in bf16); train-ppow also "
+        "keeps each sequence's KV cache there for its rollouts (2 x layers x KV heads x head "
+        "size x dtype bytes per position, 46 KB for SmolLM2-135M in float32). Runs of one "
+        "target may share DIR",
     )

@@ -20,6 +20,7 @@ from specpilot.cli.common import (
     answering_model,
     answers_in,
     dataclass_defaults,
+    feature_cache_of,
 )
 from specpilot.drafting.eagle_head import EagleHead, EagleShape, resolve_head
 from specpilot.errors import ConfigError
@@ -166,6 +167,7 @@ def run(args: argparse.Namespace) -> int:
     samples = collect_samples(
         target, data, args.regenerate, args.reference, out / "data", config.max_seq_tokens,
         progress=not args.quiet, answerer=answering_model(args) if args.regenerate else None,
+        feature_cache=feature_cache_of(args, target.runner, shape.feature_layers),
     )  # fmt: skip
     train_eagle(
         target, samples, out, config, shape, progress=not args.quiet, init=init,

@@ -19,6 +19,7 @@ from specpilot.cli.common import (
     answering_model,
     answers_in,
     dataclass_defaults,
+    feature_cache_of,
 )
 from specpilot.drafting.eagle_head import EagleHead, EagleShape, resolve_head
 from specpilot.errors import ConfigError
@@ -213,6 +214,7 @@ def run(args: argparse.Namespace) -> int:
     samples = collect_samples(
         target, data, args.regenerate, args.reference, out / "data", config.max_seq_tokens,
         not args.quiet, answered, answerer,
+        feature_cache_of(args, target.runner, init.shape.feature_layers),
     )  # fmt: skip
     if args.baseline == "distill":
         continued_distillation(

@@ -31,7 +31,7 @@ from specpilot.drafting.base import Drafter, LearningDrafter
 from specpilot.engine.request import GenerationResult, Request, check_prompt
 from specpilot.engine.scheduler import Scheduler
 from specpilot.engine.stopping import StopChecker
-from specpilot.engine.target_pass import target_pass
+from specpilot.engine.target_pass import TargetPass, default_target_pass
 from specpilot.errors import ConfigError
 from specpilot.models.chat import Messages, encode_prompt
 from specpilot.models.runner import CausalRunner
@@ -65,7 +65,11 @@ class SpeculativeEngine:
     budgets from the whole batch (the goodput controller); it observes each step's timings.
 
     `method`: what built it, as a method string with its drafter and policy resolved
-    (methods.MethodSpec), for reports ("" when built by hand)."""
+    (methods.MethodSpec), for reports ("" when built by hand).
+
+    `target_pass`: the target's forwards (default: the drafter's, engine.target_pass); one that
+    also keeps what the forwards computed (training.eagle.answer_features) records the target's
+    features of its own answers."""
 
     def __init__(
         self,
@@ -77,6 +81,7 @@ class SpeculativeEngine:
         eos_ids: frozenset[int] | set[int] | None = None,
         planner: BatchPlanner | None = None,
         method: str = "",
+        target_pass: TargetPass | None = None,
     ):
         self.target = target
         self.method = method
@@ -90,7 +95,7 @@ class SpeculativeEngine:
             eos_ids = set() if eos is None else {eos}
         self.eos_ids = frozenset(eos_ids)
         self.observers: list[Callable[[int, Proposal, torch.Tensor, StepRecord], None]] = []
-        self.target_pass = target_pass(target, drafter)
+        self.target_pass = target_pass or default_target_pass(target, drafter)
         """The target's forwards, with a feature drafter's hand-off (engine.target_pass)."""
         self.learner = drafter if isinstance(drafter, LearningDrafter) else None
         """The drafter, if it learns from each verified chain (DVI)."""

@@ -94,7 +94,7 @@ class FeaturePass(TargetPass):
         self.drafter.take_features(slot, start, features[: len(tokens)], tokens)
 
 
-def target_pass(target: CausalRunner, drafter) -> TargetPass:
+def default_target_pass(target: CausalRunner, drafter) -> TargetPass:
     """The pass for this drafter (a FeaturePass for a FeatureDrafter)."""
     if isinstance(drafter, FeatureDrafter):
         return FeaturePass(target, drafter)

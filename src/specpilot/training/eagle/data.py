@@ -32,6 +32,8 @@ from specpilot.engine import SpeculativeEngine
 from specpilot.errors import ConfigError
 from specpilot.models.chat import Messages, encode_prompt, eos_token_ids
 from specpilot.prompts import read_jsonl, read_prompts_file
+from specpilot.training.eagle.answer_features import FeatureRecorder
+from specpilot.training.eagle.feature_cache import FeatureCache
 
 TRAIN_SOURCES = ("sharegpt_sample.jsonl", "alpaca_sample.jsonl", "gsm8k_train.jsonl")
 """Training prompt files in ../shared/data (interleaved, so any prefix of a run mixes them)."""
@@ -211,10 +213,15 @@ def _rows(path: Path) -> Iterator[dict]:
 
 
 def generate_responses(
-    engine: SpeculativeEngine, options: DataOptions, folder: str | Path, progress: bool = True
+    engine: SpeculativeEngine,
+    options: DataOptions,
+    folder: str | Path,
+    progress: bool = True,
+    recorder: FeatureRecorder | None = None,
 ) -> list[Sample]:
     """Answer every training prompt not yet in `folder` (batched, greedy or sampled at
-    `options.temperature`); return all samples."""
+    `options.temperature`); return all samples. `recorder`: the engine's target pass, which
+    writes each batch's features to its cache (answer_features.py)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / RESPONSES_FILE
@@ -235,7 +242,9 @@ def generate_responses(
             batch = todo[start : start + options.batch_size]
             configs = [_answer_config(options, prompt_id) for prompt_id, _ in batch]
             results = engine.generate_batch([ids for _, ids in batch], configs)
+            answers = []
             for (prompt_id, ids), result in zip(batch, results, strict=True):
+                answers.append(Sample(prompt_id, ids, result.token_ids))
                 row = {
                     "id": prompt_id,
                     "prompt_ids": ids,
@@ -246,6 +255,8 @@ def generate_responses(
                 out.write(json.dumps(row) + "\n")
             out.flush()
             os.fsync(out.fileno())
+            if recorder is not None:
+                recorder.store(answers)
             bar.update(len(batch))
     bar.close()
     return read_samples(folder)
@@ -294,21 +305,30 @@ def collect_samples(
     progress: bool = True,
     answered: list[Sample] | None = None,
     answerer=None,
+    feature_cache: FeatureCache | None = None,
 ) -> list[Sample]:
     """The training sequences of a run: the training-set reference answers (`reference`, cheap)
     followed by the target's answers to `regenerate` prompts, generated into `folder`
     (resumable) by `answerer` (a loaded copy of the target on a faster backend; default: `target`
     itself), or the `answered` ones another run generated. The target's own answers come last,
-    so a held-out slice taken from the end is the target's."""
+    so a held-out slice taken from the end is the target's. `feature_cache` (the target's):
+    where the target answers itself, its features of each answer are kept there as it writes
+    them, and training reads them instead of prefilling the answer again."""
     regenerated = answered or []
     if answered is None and regenerate > 0:
         model = answerer or target
+        recorder = None
+        if feature_cache is not None and answerer is None:
+            recorder = FeatureRecorder(target.runner, feature_cache.feature_layers, feature_cache)
         engine = SpeculativeEngine(
-            model.runner, model.tokenizer, eos_ids=eos_token_ids(model.tokenizer, model.path)
+            model.runner,
+            model.tokenizer,
+            eos_ids=eos_token_ids(model.tokenizer, model.path),
+            target_pass=recorder,
         )
         options = DataOptions(**{**vars(data), "max_prompts": regenerate})
         print(f"data: the target answers {regenerate} training prompts", file=sys.stderr)
-        regenerated = generate_responses(engine, options, folder, progress=progress)
+        regenerated = generate_responses(engine, options, folder, progress, recorder)
     references = []
     if reference > 0:
         options = DataOptions(**{**vars(data), "max_prompts": reference})

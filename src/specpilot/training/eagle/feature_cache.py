@@ -37,6 +37,7 @@ class FeatureCache:
     """Taps and last hidden states of token sequences for one target and one set of tap layers."""
 
     def __init__(self, folder: str | Path, runner, feature_layers: tuple[int, ...]):
+        self.feature_layers = tuple(feature_layers)
         self.folder = Path(folder).expanduser() / target_identity(runner, feature_layers)
         self.folder.mkdir(parents=True, exist_ok=True)
 
