@@ -320,6 +320,12 @@ def collect_samples(
         recorder = None
         if feature_cache is not None and answerer is None:
             recorder = FeatureRecorder(target.runner, feature_cache.feature_layers, feature_cache)
+        elif feature_cache is not None:
+            print(
+                "data: answers written on another backend keep no features; training prefills "
+                "each once into the feature cache",
+                file=sys.stderr,
+            )
         engine = SpeculativeEngine(
             model.runner,
             model.tokenizer,
