@@ -39,8 +39,7 @@ class _Recorded:
         if start > len(self.tokens):
             raise RuntimeError(f"recorded features jump from {len(self.tokens)} to {start}")
         if start < len(self.tokens):  # a reused prefix, or positions fed again
-            kept = torch.cat(self.chunks)[:start] if start else None
-            self.chunks = [] if kept is None else [kept]
+            self.chunks = [torch.cat(self.chunks)[:start]] if start else []
             self.tokens = self.tokens[:start]
         self.chunks.append(rows)
         self.tokens += tokens
